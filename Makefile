@@ -1,0 +1,37 @@
+# Set-up and the two commands a newcomer needs: `make demo` (the main job) and `make test`.
+# Each creates .venv and installs what is missing, so both work on a fresh machine.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; real users install any torch>=2.4 (see pyproject.toml).
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test test-fast setup mpi clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# OpenMPI from the distribution, for the mpirun tests.
+mpi:
+	@command -v mpirun >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openmpi-bin; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq openmpi-bin; fi; }
+
+demo: setup
+	$(VENV)/bin/dptrain run -n 2 examples/allreduce.py
+
+test: setup mpi
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not dist and not e2e and not slow"
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

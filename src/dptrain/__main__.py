@@ -1,0 +1,3 @@
+from dptrain.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""`dptrain env`: what a user debugging a distributed job needs to see, with hints for known traps."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+
+from dptrain.errors import ConfigError
+
+RELEVANT_PREFIXES = ("MASTER_", "NCCL_", "GLOO_", "TORCH_", "TORCHELASTIC_", "OMP_", "MKL_",
+                     "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_RANK",
+                     "OMPI_COMM_WORLD_", "PMI_RANK", "PMI_SIZE", "MPI_LOCAL", "SLURM_PROCID",
+                     "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NODELIST",
+                     "SLURM_NODELIST", "SLURM_NODEID", "SLURM_TASKS_PER_NODE")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("env", help="print versions, rank environment, backends, hints")
+    p.set_defaults(func=env_command)
+
+
+def relevant_variables(environ: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(RELEVANT_PREFIXES)}
+
+
+def hints(environ: dict[str, str], local_world_size: int, cuda_devices: int) -> list[str]:
+    """Known traps that the environment shows (pure: tests pass a dict)."""
+    out = []
+    if local_world_size > 1 and "OMP_NUM_THREADS" not in environ:
+        out.append(f"OMP_NUM_THREADS is unset with {local_world_size} local ranks: each may start "
+                   f"one thread per core and oversubscribe the CPU; dptrain shares the cores "
+                   f"when it starts the group, `dptrain run` exports it for you")
+    if environ.get("NCCL_P2P_DISABLE") == "1":
+        out.append("NCCL_P2P_DISABLE=1 routes GPU-to-GPU traffic through host memory: needed on "
+                   "some consumer GPUs without P2P support, much slower elsewhere")
+    if environ.get("NCCL_IB_DISABLE") == "1":
+        out.append("NCCL_IB_DISABLE=1: InfiniBand is off and NCCL falls back to TCP sockets")
+    if "NCCL_SOCKET_IFNAME" not in environ and cuda_devices and "SLURM_JOB_NODELIST" in environ:
+        out.append("multi-node NCCL without NCCL_SOCKET_IFNAME may pick an interface the other "
+                   "nodes cannot reach (docker0, a VPN); set it to the cluster network's")
+    if environ.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
+        out.append("TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective and slows training: "
+                   "use it to find a mismatch, not for production runs")
+    if os.geteuid() == 0 and shutil.which("mpirun") and \
+            "OMPI_ALLOW_RUN_AS_ROOT" not in environ:
+        out.append("running as root: OpenMPI's mpirun refuses unless you pass "
+                   "--allow-run-as-root (or set OMPI_ALLOW_RUN_AS_ROOT=1 and "
+                   "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)")
+    return out
+
+
+def env_command(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from dptrain import __version__
+    from dptrain.dist import resolve_env
+
+    environ = dict(os.environ)
+    lines = [f"dptrain {__version__}", f"torch {torch.__version__}",
+             f"python {platform.python_version()} on {platform.platform()}",
+             f"cpus: {os.cpu_count()}  torch threads: {torch.get_num_threads()}"]
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    lines.append(f"cuda: {'%d device(s): ' % cuda + ', '.join(torch.cuda.get_device_name(i) for i in range(cuda)) if cuda else 'not available'}")
+    backends = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+                "mpi": dist.is_mpi_available()}
+    lines.append("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}"
+                                          for k, v in backends.items()))
+    lines.append(f"mpirun: {shutil.which('mpirun') or 'not found'}  "
+                 f"srun: {shutil.which('srun') or 'not found'}")
+    local_world_size = 1
+    try:
+        env = resolve_env()
+        local_world_size = env.local_world_size
+        lines.append(f"launcher: {env.launcher}  rank {env.rank}/{env.world_size}  local rank "
+                     f"{env.local_rank}/{env.local_world_size}  node {env.node_rank}  "
+                     f"master {env.master_addr or '-'}:{env.master_port or '-'}")
+    except ConfigError as err:
+        lines.append(f"launcher: cannot resolve the rank environment: {err}")
+    variables = relevant_variables(environ)
+    lines.append("variables:" if variables else "variables: none of the relevant ones are set")
+    lines += [f"  {k}={v}" for k, v in variables.items()]
+    for hint in hints(environ, local_world_size, cuda):
+        lines.append(f"HINT: {hint}")
+    print("\n".join(lines))
+    return 0

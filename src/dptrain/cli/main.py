@@ -1,0 +1,37 @@
+"""`dptrain` command line: one subcommand per module, each registering itself."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dptrain import __version__
+from dptrain.cli import env as env_cmd
+from dptrain.cli import run as run_cmd
+from dptrain.errors import DptrainError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dptrain", description="Data-parallel training of "
+                                     "gradient and TAGI learners on torch.distributed.")
+    parser.add_argument("--version", action="version", version=f"dptrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in (run_cmd, env_cmd):
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DptrainError as err:
+        print(f"dptrain {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"dptrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""`dptrain run`: start a script on N processes per node with torch's elastic agent (torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dptrain.errors import ConfigError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="run a script data-parallel (torchrun underneath)",
+        description="Start SCRIPT on NPROC processes per node with torch's elastic agent. One "
+                    "node by default (a free port is chosen); give --nnodes and --rdzv-endpoint "
+                    "on every node for more. A failing worker stops the whole job, named.")
+    p.add_argument("-n", "--nproc", type=int, default=None,
+                   help="processes per node (default: CUDA devices, or 1 without CUDA)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="this node's rank; with it the rendezvous is static, else dynamic")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous host:port reachable from every node (required if --nnodes>1)")
+    p.add_argument("--rdzv-id", default="dptrain", help="job id shared by all nodes")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart every worker up to K times after a failure (default 0)")
+    p.add_argument("script", help="python script to run on every process")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=run_command)
+
+
+def default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+def resolved_nproc(args: argparse.Namespace) -> int:
+    return default_nproc() if args.nproc is None else args.nproc
+
+
+def torchrun_argv(args: argparse.Namespace) -> list[str]:
+    """torchrun's command line for our options (pure, so tests call it without processes)."""
+    nproc = resolved_nproc(args)
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {nproc}")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if not os.path.isfile(args.script):
+        raise ConfigError(f"script not found: {args.script}")
+    argv = [f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}"]
+    if args.nnodes == 1 and args.rdzv_endpoint is None:
+        argv.append("--standalone")
+    else:
+        if args.nnodes < 1:
+            raise ConfigError(f"--nnodes must be >= 1, got {args.nnodes}")
+        if not args.rdzv_endpoint or ":" not in args.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, the same on every "
+                              f"node, got {args.rdzv_endpoint!r}")
+        argv.append(f"--nnodes={args.nnodes}")
+        if args.node_rank is not None:
+            host, _, port = args.rdzv_endpoint.rpartition(":")
+            argv += ["--rdzv-backend=static", f"--node-rank={args.node_rank}",
+                     f"--master-addr={host}", f"--master-port={port}"]
+        else:
+            argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
+                     f"--rdzv-id={args.rdzv_id}"]
+    # The worker wrapper records a raising script's traceback for the agent's failure report.
+    return [*argv, "-m", "dptrain.cli.worker", args.script, *args.script_args]
+
+
+def _threads_per_worker(nproc: int) -> None:
+    """torchrun pins OMP_NUM_THREADS=1 when unset; share the cores instead."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+
+
+def _describe(message: object) -> str:
+    """The failed rank's traceback when its worker recorded one, else the agent's summary."""
+    if isinstance(message, dict):
+        stack = message.get("extraInfo", {}).get("py_callstack")
+        return f"Its error:\n{stack or message.get('message', '')}"
+    return f"Its error: {message}" if message else "It died without a Python error (signal?)."
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    argv = torchrun_argv(args)
+    _threads_per_worker(resolved_nproc(args))
+    try:
+        run(get_args_parser().parse_args(argv))
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        print(f"dptrain run: rank {rank} failed first (exit code {failure.exitcode}) and the "
+              f"job was stopped. {_describe(failure.message)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,41 @@
+"""The distributed runtime: who am I, start the process group, and collectives.
+
+    from dptrain.dist import distributed, all_reduce_flat, rank_zero_print
+    import torch
+
+    with distributed() as rt:              # torchrun, mpirun, srun, or a single process
+        t = torch.full((3,), float(rt.env.rank + 1))
+        all_reduce_flat([t])               # sum over ranks, in place
+        rank_zero_print(rt.env.launcher, t.tolist())
+"""
+
+from dptrain.dist.collectives import (
+    all_gather_object,
+    all_reduce_flat,
+    barrier,
+    broadcast_object,
+    broadcast_tensors,
+    get_rank,
+    get_world_size,
+    is_initialized,
+    is_main_process,
+    means,
+    reduce_sum_count,
+)
+from dptrain.dist.config import DDPConfig
+from dptrain.dist.env import DistEnv, expand_hostlist, resolve_env
+from dptrain.dist.group import (
+    Runtime,
+    choose_backend,
+    distributed,
+    init_distributed,
+    shutdown_distributed,
+)
+from dptrain.dist.rank_zero import rank_zero_print, setup_logging
+
+__all__ = [
+    "DDPConfig", "DistEnv", "Runtime", "all_gather_object", "all_reduce_flat", "barrier",
+    "broadcast_object", "broadcast_tensors", "choose_backend", "distributed", "expand_hostlist",
+    "get_rank", "get_world_size", "init_distributed", "is_initialized", "is_main_process", "means",
+    "rank_zero_print", "reduce_sum_count", "resolve_env", "setup_logging", "shutdown_distributed",
+]

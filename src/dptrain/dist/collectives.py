@@ -1,0 +1,147 @@
+"""Collectives the other layers need, each safe to call without a process group (world of 1).
+
+Every helper must be called by every rank of the group, in the same order, with tensors of the
+same shapes: that is what a collective is. A failure inside one (a peer died, raised, or timed
+out) is raised as `RankFailure` naming this rank, the operation and its size.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from dptrain.errors import RankFailure
+
+T = TypeVar("T")
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def _guard(op: str, numel: int, call: Callable[[], T]) -> T:
+    try:
+        return call()
+    except (RuntimeError, dist.DistError) as err:
+        raise RankFailure(
+            f"rank {get_rank()} of {get_world_size()}: {op} of {numel} element(s) failed: {err}\n"
+            f"HINT: another rank probably raised, died or never reached this {op}; its own "
+            f"output names the cause") from err
+
+
+def barrier() -> None:
+    """Wait for every rank. On gloo a missing rank is named in the error."""
+    if not is_initialized():
+        return
+    if dist.get_backend() == "gloo":
+        _guard("monitored_barrier", 0, lambda: dist.monitored_barrier(wait_all_ranks=True))
+    else:
+        _guard("barrier", 0, dist.barrier)
+
+
+def _buckets(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    return groups
+
+
+def _flat_in_place(tensors: Sequence[torch.Tensor], op: str,
+                   collective: Callable[[torch.Tensor], Any]) -> int:
+    """Run `collective` on one flat buffer per (dtype, device) and copy results back.
+
+    Returns the number of collective calls made (one per bucket).
+    """
+    calls = 0
+    for group in _buckets(tensors).values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        _guard(op, flat.numel(), lambda: collective(flat))
+        offset = 0
+        for t in group:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        calls += 1
+    return calls
+
+
+def all_reduce_flat(tensors: Sequence[torch.Tensor], *, average: bool = False) -> int:
+    """Sum (or average over ranks) `tensors` in place with one all-reduce per dtype and device.
+
+    Returns the number of collective calls made (0 without a process group).
+    """
+    if not is_initialized() or not tensors:
+        return 0
+    world_size = get_world_size()
+
+    def reduce(flat: torch.Tensor) -> None:
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if average:
+            flat.div_(world_size)  # gloo has no AVG op; dividing once keeps ranks bit-identical
+
+    return _flat_in_place(tensors, "all_reduce", reduce)
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], *, src: int = 0) -> int:
+    """Overwrite `tensors` on every rank with rank `src`'s values, one broadcast per bucket."""
+    if not is_initialized() or not tensors:
+        return 0
+    return _flat_in_place(tensors, "broadcast", lambda flat: dist.broadcast(flat, src=src))
+
+
+def broadcast_object(obj: T, *, src: int = 0) -> T:
+    """Rank `src`'s picklable `obj` on every rank (other ranks' `obj` is ignored)."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    _guard("broadcast_object", 1, lambda: dist.broadcast_object_list(box, src=src))
+    return box[0]
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's picklable `obj`, in rank order."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] = [None] * get_world_size()
+    _guard("all_gather_object", 1, lambda: dist.all_gather_object(out, obj))
+    return out
+
+
+def reduce_sum_count(metrics: Mapping[str, tuple[float, float]],
+                     device: torch.device | str = "cpu") -> dict[str, tuple[float, float]]:
+    """Global `(sum, count)` per metric name with a single all-reduce in float64.
+
+    Means computed from these are exact over all samples, however unevenly the ranks hold them.
+    Every rank must pass the same names; a mismatch raises instead of mixing up metrics.
+    """
+    names = sorted(metrics)
+    values = [v for name in names for v in metrics[name]]
+    key = float(zlib.crc32("\0".join(names).encode()))
+    buf = torch.tensor([*values, key, 1.0], dtype=torch.float64, device=device)
+    if is_initialized():
+        _guard("all_reduce(metrics)", buf.numel(), lambda: dist.all_reduce(buf))
+    *totals, key_sum, ranks = buf.tolist()
+    if key_sum != key * ranks:
+        raise RankFailure(f"rank {get_rank()}: ranks reduced different metric names; this rank "
+                          f"had {names}")
+    return {name: (totals[2 * i], totals[2 * i + 1]) for i, name in enumerate(names)}
+
+
+def means(sums_counts: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """`sum / count` per metric (NaN for a count of zero)."""
+    return {k: (s / c if c else float("nan")) for k, (s, c) in sums_counts.items()}

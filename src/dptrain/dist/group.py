@@ -1,0 +1,124 @@
+"""Start and stop the torch process group for a resolved `DistEnv`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dptrain.dist.env import DistEnv, resolve_env
+from dptrain.errors import ConfigError, RankFailure
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+DEFAULT_TIMEOUT = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A started (or trivially single) distributed runtime."""
+
+    env: DistEnv
+    backend: str | None
+    """The process group's backend; None when world size is 1 and no group was started."""
+    device: torch.device
+    timeout: timedelta
+
+
+def choose_backend(backend: str, env: DistEnv) -> str:
+    """`auto` -> NCCL when CUDA is usable and every local rank has its own device, else gloo."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        use_nccl = gpus >= env.local_world_size and dist.is_nccl_available()
+        return "nccl" if use_nccl else "gloo"
+    available = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available,
+                 "mpi": dist.is_mpi_available}[backend]()
+    if not available:
+        raise ConfigError(f"backend {backend!r} is not available in this torch build "
+                          f"(torch {torch.__version__}); use backend='auto' or 'gloo'")
+    return backend
+
+
+def device_for(env: DistEnv, backend: str | None) -> torch.device:
+    """The device this rank computes on: `cuda:<local rank>` for NCCL, else the CPU."""
+    if backend == "nccl":
+        if torch.cuda.device_count() <= env.local_rank:
+            raise ConfigError(f"rank {env.rank}: local rank {env.local_rank} has no CUDA device "
+                              f"({torch.cuda.device_count()} visible)")
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def _share_cores(env: DistEnv) -> None:
+    """Give each local rank its share of the cores unless the user chose a thread count."""
+    if "OMP_NUM_THREADS" in os.environ or env.local_world_size == 1:
+        return
+    threads = max(1, (os.cpu_count() or 1) // env.local_world_size)
+    torch.set_num_threads(threads)
+    log.info("OMP_NUM_THREADS unset: %d local ranks use %d thread(s) each",
+             env.local_world_size, threads)
+
+
+def _init_method(env: DistEnv) -> str:
+    if env.launcher == "torchrun":
+        return "env://"  # joins the agent's store instead of opening a second one on its port
+    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
+    return f"tcp://{host}:{env.master_port}"
+
+
+def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
+                     timeout: timedelta = DEFAULT_TIMEOUT) -> Runtime:
+    """Start the default process group for `env` (default: resolved from the environment).
+
+    World size 1 starts no group. A group that is already running is reused as it is. Raises
+    `RankFailure` when the other ranks do not arrive within `timeout`.
+    """
+    env = resolve_env() if env is None else env
+    if dist.is_available() and dist.is_initialized():
+        used = dist.get_backend()
+        return Runtime(env, used, device_for(env, used), timeout)
+    if not env.is_distributed:
+        chosen = choose_backend(backend, env)
+        return Runtime(env, None, device_for(env, chosen), timeout)
+    chosen = choose_backend(backend, env)
+    device = device_for(env, chosen)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    _share_cores(env)
+    try:
+        dist.init_process_group(chosen, init_method=_init_method(env), rank=env.rank,
+                                world_size=env.world_size, timeout=timeout)
+    except (RuntimeError, dist.DistError) as err:
+        raise RankFailure(
+            f"rank {env.rank}: could not start the {chosen} process group of {env.world_size} "
+            f"ranks at {env.master_addr}:{env.master_port} ({env.launcher}) within {timeout}: "
+            f"{err}\nHINT: check that every rank was started, that they share MASTER_ADDR and "
+            f"MASTER_PORT, and that the port is free and reachable") from err
+    log.info("rank %d/%d started %s on %s", env.rank, env.world_size, chosen, device)
+    return Runtime(env, chosen, device, timeout)
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if one is running; safe to call twice."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed(env: DistEnv | None = None, *, backend: str = "auto",
+                timeout: timedelta = DEFAULT_TIMEOUT) -> Iterator[Runtime]:
+    """`with distributed() as rt:` starts the group and always shuts it down."""
+    runtime = init_distributed(env, backend=backend, timeout=timeout)
+    try:
+        yield runtime
+    finally:
+        shutdown_distributed()

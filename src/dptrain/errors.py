@@ -1,0 +1,33 @@
+"""Exception hierarchy: the CLI maps each class to an exit code and a one-line message."""
+
+from __future__ import annotations
+
+
+class DptrainError(Exception):
+    """Base of every error dptrain raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(DptrainError, ValueError):
+    """A bad option, config key, or launcher environment."""
+
+    exit_code = 2
+
+
+class DataError(DptrainError, ValueError):
+    """A dataset file or array that cannot be used as it is."""
+
+    exit_code = 3
+
+
+class CheckpointError(DptrainError):
+    """A checkpoint that is missing, corrupt, or does not fit the run."""
+
+    exit_code = 4
+
+
+class RankFailure(DptrainError, RuntimeError):
+    """A collective failed because another rank died, raised, or never arrived."""
+
+    exit_code = 5
