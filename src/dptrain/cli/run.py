@@ -76,6 +76,20 @@ def _threads_per_worker(nproc: int) -> None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
 
 
+def _text(message: object) -> str:
+    return str(message.get("message", "")) if isinstance(message, dict) else str(message or "")
+
+
+def root_cause(failures: dict) -> tuple[int, object]:
+    """The failure that caused the others: ranks whose error is a `RankFailure` only saw a peer
+    vanish from a collective, so prefer any other; then the earliest."""
+    def key(item: tuple[int, object]) -> tuple[bool, float, int]:
+        rank, failure = item
+        return ("RankFailure" in _text(failure.message), failure.timestamp, rank)
+
+    return min(failures.items(), key=key)
+
+
 def _describe(message: object) -> str:
     """The failed rank's traceback when its worker recorded one, else the agent's summary."""
     if isinstance(message, dict):
@@ -93,8 +107,10 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        print(f"dptrain run: rank {rank} failed first (exit code {failure.exitcode}) and the "
-              f"job was stopped. {_describe(failure.message)}", file=sys.stderr)
+        rank, failure = root_cause(err.failures)
+        others = sorted(set(err.failures) - {rank})
+        also = f" (rank(s) {', '.join(map(str, others))} failed after it)" if others else ""
+        print(f"dptrain run: rank {rank} failed first (exit code {failure.exitcode}){also} and "
+              f"the job was stopped. {_describe(failure.message)}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,101 @@
+"""The real launchers: `dptrain run` (torchrun's agent), torchrun itself, OpenMPI's mpirun.
+
+Each run does a 2-rank all-reduce that every rank checks (examples/allreduce.py exits non-zero
+on a wrong sum), so a pass means the rendezvous and the collective worked under that launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._cli import PYTHON, REPO, base_env, dptrain_cmd, mpirun_cmd, run, stop
+
+pytestmark = pytest.mark.e2e
+EXAMPLE = str(REPO / "examples" / "allreduce.py")
+
+
+def _assert_both_ranks_ok(result, launcher: str) -> None:
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        assert f"rank {rank}/2 ({launcher}): all-reduce sum 3 ok" in result.stdout, result.output
+    assert result.stdout.count("all 2 ranks agree") == 1, "only rank 0 prints the summary"
+
+
+def test_dptrain_run_two_processes():
+    _assert_both_ranks_ok(run(dptrain_cmd("run", "-n", "2", EXAMPLE), timeout_s=120), "torchrun")
+
+
+def test_torchrun_directly():
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", EXAMPLE]
+    _assert_both_ranks_ok(run(cmd, timeout_s=120), "torchrun")
+
+
+def test_mpirun_two_processes_without_master_variables():
+    """mpirun gives no rendezvous address: one node derives it from the job id."""
+    result = run(mpirun_cmd(2, PYTHON, EXAMPLE), timeout_s=120)
+    _assert_both_ranks_ok(result, "openmpi")
+
+
+def test_a_raising_worker_stops_the_job_naming_the_rank():
+    start = time.monotonic()
+    result = run(dptrain_cmd("run", "-n", "2", EXAMPLE, "--fail-rank", "1"), timeout_s=120)
+    assert result.returncode == 1
+    assert "dptrain run: rank 1 failed first" in result.stderr
+    assert "RuntimeError: rank 1 fails on purpose (--fail-rank)" in result.stderr
+    assert time.monotonic() - start < 60
+
+
+SLEEPER = """
+import os, sys, time
+open(os.path.join(sys.argv[1], f"{os.getpid()}.pid"), "w").close()
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is not running.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_signal_stops_every_worker(tmp_path, sig):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    log = (tmp_path / "launcher.log").open("w")
+    proc = subprocess.Popen(dptrain_cmd("run", "-n", "2", str(script), str(tmp_path)),
+                            cwd=REPO, env=base_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            assert time.monotonic() < deadline, "workers did not start"
+            assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.2)
+        pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert proc.returncode != 0
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "orphaned workers"
+    finally:
+        stop(proc)
+        log.close()
+
+
+def test_python_dash_m_dptrain_works():
+    result = run([sys.executable, "-m", "dptrain", "--version"], timeout_s=60)
+    assert result.returncode == 0 and "dptrain 0.1.0" in result.stdout
