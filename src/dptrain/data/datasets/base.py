@@ -1,0 +1,166 @@
+"""In-memory containers every reader returns: ArrayDataset, Normalisation, Split.
+
+Conventions: inputs are float32 with the sample axis first; classification targets are int64
+class ids of shape (N,); regression targets are float32 of shape (N, num_targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from dptrain.errors import ConfigError, DataError
+
+Task = Literal["classification", "regression"]
+_TASKS = ("classification", "regression")
+
+
+class ArrayDataset(torch.utils.data.Dataset):
+    """Paired tensors `x` (N, ...) and `y` (N, ...); `ds[idx]` is `(x[idx], y[idx])`.
+
+    `idx` may be an int (one sample, what a DataLoader asks for) or an index tensor/list (a
+    whole batch in one gather, what `ShardedSampler.batches` feeds TAGI).
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if x.ndim < 1 or y.ndim < 1 or x.shape[0] != y.shape[0]:
+            raise DataError(f"ArrayDataset needs x and y with the same number of samples on "
+                            f"axis 0, got x {tuple(x.shape)} and y {tuple(y.shape)}")
+        self.x = x
+        self.y = y
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, idx: int | torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[idx], self.y[idx]
+
+    def __repr__(self) -> str:
+        return (f"ArrayDataset(x={tuple(self.x.shape)} {self.x.dtype}, "
+                f"y={tuple(self.y.shape)} {self.y.dtype})")
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """The affine map applied to raw values: `normalised = (raw - mean) / std`.
+
+    `mean` and `std` broadcast against one sample (or a batch of them).
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def apply(self, raw: torch.Tensor) -> torch.Tensor:
+        return (raw - self.mean) / self.std
+
+    def invert(self, normalised: torch.Tensor) -> torch.Tensor:
+        return normalised * self.std + self.mean
+
+    def to(self, dtype: torch.dtype) -> Normalisation:
+        return Normalisation(self.mean.to(dtype), self.std.to(dtype))
+
+    @classmethod
+    def fit(cls, train: torch.Tensor, *, dim: int | tuple[int, ...] = 0) -> Normalisation:
+        """Mean and std of the training part over `dim`; a constant column keeps std 1, so it
+        is centred instead of divided by zero."""
+        mean = train.mean(dim=dim, keepdim=True)
+        std = train.std(dim=dim, keepdim=True, correction=0)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+        # keepdim kept the sample axis; drop it so the stats broadcast against one sample too
+        return cls(mean.squeeze(0), std.squeeze(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """A fixed train/test split with what a model needs to know about it.
+
+    Attributes:
+        x_norm: how raw inputs were normalised (stats from the training part only); apply it
+            to new raw inputs before predicting.
+        y_norm: regression only: how targets were standardised; `y_norm.invert(pred)` gives
+            predictions in the original units (e.g. for an RMSE that means something).
+    """
+
+    name: str
+    train: ArrayDataset
+    test: ArrayDataset
+    task: Task
+    num_classes: int | None
+    x_norm: Normalisation | None = None
+    y_norm: Normalisation | None = None
+
+    def __post_init__(self) -> None:
+        if self.task not in _TASKS:
+            raise ConfigError(f"Split.task must be one of {_TASKS}, got {self.task!r}")
+        if (self.task == "classification") != (self.num_classes is not None):
+            raise ConfigError(f"Split.num_classes must be set for classification and None for "
+                              f"regression, got task={self.task!r}, "
+                              f"num_classes={self.num_classes!r}")
+        if self.train.x.shape[1:] != self.test.x.shape[1:]:
+            raise DataError(f"{self.name}: train inputs have shape {tuple(self.train.x.shape)} "
+                            f"but test inputs {tuple(self.test.x.shape)}")
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's input shape, e.g. (64,) or (1, 8, 8)."""
+        return tuple(self.train.x.shape[1:])
+
+    @property
+    def output_dim(self) -> int:
+        """Number of classes, or number of regression targets."""
+        return self.num_classes if self.num_classes is not None else self.train.y.shape[1]
+
+    def __repr__(self) -> str:
+        kind = (f"{self.num_classes} classes" if self.num_classes is not None
+                else f"{self.output_dim} target(s)")
+        return (f"Split({self.name!r}, {self.task}, {kind}, input {self.input_shape}, "
+                f"train {len(self.train)}, test {len(self.test)})")
+
+
+def check_finite(values: np.ndarray | torch.Tensor, *, where: str) -> None:
+    """Raise DataError naming `where` and the first NaN/inf position (row, column...)."""
+    arr = values.numpy() if isinstance(values, torch.Tensor) else values
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise DataError(f"{where}: {int(bad.sum())} NaN/inf value(s), the first "
+                        f"{arr[pos]!r} at index {pos}")
+
+
+def check_labels(labels: np.ndarray | torch.Tensor, num_classes: int, *, where: str) -> None:
+    """Raise DataError naming `where` if any label is outside [0, num_classes)."""
+    arr = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    bad = (arr < 0) | (arr >= num_classes)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(f"{where}: labels must be in [0, {num_classes}), got {arr.flat[i]} at "
+                        f"index {i} ({int(bad.sum())} out of range)")
+
+
+def classification_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,
+                         x_test: torch.Tensor, y_test: torch.Tensor, num_classes: int,
+                         x_norm: Normalisation) -> Split:
+    """Normalise inputs with `x_norm` and package a classification split."""
+    return Split(name=name, task="classification", num_classes=num_classes, x_norm=x_norm,
+                 train=ArrayDataset(x_norm.apply(x_train).float(), y_train.long()),
+                 test=ArrayDataset(x_norm.apply(x_test).float(), y_test.long()))
+
+
+def regression_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,
+                     x_test: torch.Tensor, y_test: torch.Tensor) -> Split:
+    """Standardise inputs and targets with training statistics and package a regression split.
+
+    Targets are made 2-D, (N,) -> (N, 1), because output layers produce (B, num_targets).
+    """
+    y_train = y_train.reshape(len(y_train), -1)
+    y_test = y_test.reshape(len(y_test), -1)
+    # Stats are fitted in the data's precision, then kept in float32 like the data, so that
+    # `y_norm.invert(prediction)` does not silently change a float32 prediction's dtype.
+    x_norm = Normalisation.fit(x_train).to(torch.float32)
+    y_norm = Normalisation.fit(y_train).to(torch.float32)
+    return Split(name=name, task="regression", num_classes=None, x_norm=x_norm, y_norm=y_norm,
+                 train=ArrayDataset(x_norm.apply(x_train).float(), y_norm.apply(y_train).float()),
+                 test=ArrayDataset(x_norm.apply(x_test).float(), y_norm.apply(y_test).float()))

@@ -1,0 +1,260 @@
+"""ShardedSampler: which sample indices this rank visits, in which order, resumably.
+
+Every rank draws the same permutation (a `torch.Generator` seeded with `seed + epoch`, never the
+global RNG, so user code that draws random numbers cannot desynchronise ranks), then takes every
+`world_size`-th index starting at its rank.
+
+- mode="train": every rank gets the same number of indices, so every rank takes the same number
+  of steps and no rank waits at a collective that another rank never reaches. By default the
+  permutation is padded by wrapping around to a multiple of `world_size` (at most
+  `world_size - 1` samples are seen twice per epoch); `drop_last=True` drops the tail instead
+  (at most `world_size - 1` samples are skipped per epoch, different ones each epoch). Padding is
+  the default because the small sets used here (20 toy points, 360 digits) would lose a
+  noticeable share of their data per epoch, and because it matches
+  `torch.utils.data.DistributedSampler`.
+- mode="eval": every index is visited exactly once over all ranks, no padding; ranks may hold
+  counts that differ by one, so metrics must be reduced as (sum, count) (DESIGN.md contract 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import Sampler
+
+from dptrain import dist as dd
+from dptrain.errors import CheckpointError, ConfigError
+
+Mode = Literal["train", "eval"]
+_MODES = ("train", "eval")
+# Keys of state_dict() that describe the run rather than its progress: a checkpoint whose values
+# differ cannot be resumed exactly, because the position would point into a different sequence.
+_FIT_KEYS = ("num_samples", "world_size", "mode", "shuffle", "drop_last")
+
+
+def num_samples_per_rank(num_samples: int, world_size: int, rank: int, *, mode: Mode = "train",
+                         drop_last: bool = False) -> int:
+    """How many indices `rank` visits per epoch (what `len(ShardedSampler(...))` returns)."""
+    if mode == "eval":
+        return len(range(rank, num_samples, world_size))
+    if drop_last:
+        return num_samples // world_size
+    return math.ceil(num_samples / world_size)
+
+
+def steps_per_epoch(num_samples: int, world_size: int, batch_size: int, *,
+                    drop_last: bool = False, drop_partial: bool = False) -> int:
+    """Steps every rank takes per training epoch (the same on all ranks in train mode).
+
+    A step is one batch of `batch_size` indices per rank (the global batch is
+    `world_size * batch_size`); the last, partial batch counts as a step unless `drop_partial`.
+    Use it for a learning-rate schedule's length or a progress bar.
+    """
+    _check_positive("batch_size", batch_size)
+    per_rank = num_samples_per_rank(num_samples, world_size, 0, mode="train", drop_last=drop_last)
+    return per_rank // batch_size if drop_partial else math.ceil(per_rank / batch_size)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not _is_int(value) or value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+def _resolve_length(dataset_or_length: Sized | int) -> int:
+    if isinstance(dataset_or_length, bool):
+        raise ConfigError(f"ShardedSampler needs a dataset or a length, got {dataset_or_length!r}")
+    if isinstance(dataset_or_length, int):
+        length = dataset_or_length
+    elif hasattr(dataset_or_length, "__len__"):
+        length = len(dataset_or_length)
+    else:
+        raise ConfigError("ShardedSampler needs a dataset with __len__ or an int length, got "
+                          f"{type(dataset_or_length).__name__}")
+    if length < 1:
+        raise ConfigError(f"ShardedSampler needs at least one sample, got a length of {length}")
+    return length
+
+
+class ShardedSampler(Sampler[int]):
+    """This rank's share of `range(num_samples)` for one epoch, resumable mid-epoch.
+
+    Use it as a DataLoader `sampler=` (it yields ints), or call `batches(batch_size)` for index
+    tensors to slice in-memory arrays. Call `set_epoch(e)` before every epoch (the Trainer does);
+    without it every epoch repeats the same order.
+
+    Position: the number of this epoch's indices already yielded. An iterator starts at the
+    position, so a sampler restored by `load_state_dict` (or given `set_position(n)`) yields
+    exactly the indices not yet seen, in the same order; that holds for a position at the end
+    of the epoch too (nothing is left). Only after an iterator of this object ran to the end
+    does the next one start the epoch again from 0, so a sampler reused without `set_epoch`
+    (an eval loop) repeats its epoch, as torch's DistributedSampler does. A DataLoader
+    prefetches, so the indices its
+    sampler has yielded run ahead of the batches the loop consumed: the Trainer, which knows how
+    many it consumed, should call `set_position(steps_done * batch_size)` before saving.
+
+    Args:
+        dataset_or_length: anything with `__len__`, or the number of samples.
+        rank, world_size: default to the running process group (0 and 1 without one).
+        shuffle: draw a fresh permutation every epoch; defaults to True in train mode and False
+            in eval mode (order does not change an evaluation).
+        drop_last: train mode only; drop the tail instead of padding by wrapping.
+
+    Raises:
+        ConfigError: bad rank, world size, mode, length, or drop_last in eval mode.
+    """
+
+    def __init__(self, dataset_or_length: Sized | int, *, rank: int | None = None,
+                 world_size: int | None = None, shuffle: bool | None = None, seed: int = 0,
+                 mode: Mode = "train", drop_last: bool = False) -> None:
+        if mode not in _MODES:
+            raise ConfigError(f"ShardedSampler mode must be one of {_MODES}, got {mode!r}")
+        if mode == "eval" and drop_last:
+            raise ConfigError("ShardedSampler(mode='eval') visits every sample exactly once; "
+                              "drop_last=True is only allowed in train mode")
+        self.num_samples = _resolve_length(dataset_or_length)
+        self.world_size = dd.get_world_size() if world_size is None else world_size
+        self.rank = dd.get_rank() if rank is None else rank
+        _check_positive("world_size", self.world_size)
+        if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank must be an int in [0, world_size={self.world_size}), "
+                              f"got {self.rank!r}")
+        if mode == "train" and drop_last and self.num_samples < self.world_size:
+            raise ConfigError(f"drop_last=True with {self.num_samples} sample(s) on "
+                              f"{self.world_size} ranks leaves every rank empty")
+        self.mode: Mode = mode
+        self.shuffle = (mode == "train") if shuffle is None else bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._position = 0
+        self._ran_to_end = False
+
+    def __len__(self) -> int:
+        """This rank's number of indices for a whole epoch (not only the remaining ones)."""
+        return num_samples_per_rank(self.num_samples, self.world_size, self.rank,
+                                    mode=self.mode, drop_last=self.drop_last)
+
+    @property
+    def position(self) -> int:
+        """How many of this epoch's indices have been yielded (or set with `set_position`)."""
+        return self._position
+
+    @property
+    def num_remaining(self) -> int:
+        return len(self) - self._position
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation. A different epoch starts at position 0; setting the
+        current epoch again keeps the position, so a resumed run may call it unconditionally."""
+        if not _is_int(epoch) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
+        if epoch != self.epoch:
+            self._position = 0
+            self._ran_to_end = False
+        self.epoch = epoch
+
+    def set_position(self, position: int) -> None:
+        """Mark the first `position` indices of this epoch as consumed."""
+        if not _is_int(position) or not 0 <= position <= len(self):
+            raise ConfigError(f"position must be an int in [0, {len(self)}] (indices per "
+                              f"epoch on this rank), got {position!r}")
+        self._position = position
+        self._ran_to_end = False
+
+    def indices(self) -> torch.Tensor:
+        """All of this rank's indices for the current epoch, in order (int64, shape (len,))."""
+        n, world = self.num_samples, self.world_size
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g)
+        else:
+            order = torch.arange(n)
+        if self.mode == "train":
+            total = world * len(self)
+            # repeat() covers padding longer than the data itself (fewer samples than ranks)
+            order = order.repeat(math.ceil(total / n))[:total]
+        return order[self.rank::world]
+
+    def _start(self) -> torch.Tensor:
+        if self._ran_to_end:
+            self._position = 0
+            self._ran_to_end = False
+        return self.indices()
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self._start().tolist()
+        for i in range(self._position, len(indices)):
+            self._position = i + 1
+            yield indices[i]
+        self._ran_to_end = True
+
+    def batches(self, batch_size: int, *, drop_partial: bool = False) -> Iterator[torch.Tensor]:
+        """This rank's remaining indices in chunks of `batch_size` (int64 tensors).
+
+        The last chunk of the epoch may be shorter; in train mode it has the same length on
+        every rank, so collectives still match. `drop_partial=True` skips it (and counts it as
+        consumed). Chunks start at the current position, so save at batch boundaries for a
+        resumed run to see the same batches as an uninterrupted one.
+        """
+        _check_positive("batch_size", batch_size)
+        indices = self._start()
+        for start in range(self._position, len(indices), batch_size):
+            batch = indices[start:start + batch_size]
+            if drop_partial and len(batch) < batch_size:
+                self._position = len(indices)
+                break
+            self._position = start + len(batch)
+            yield batch
+        self._ran_to_end = True
+
+    def num_batches(self, batch_size: int, *, drop_partial: bool = False) -> int:
+        """How many chunks `batches(batch_size)` yields for a whole epoch on this rank."""
+        _check_positive("batch_size", batch_size)
+        return len(self) // batch_size if drop_partial else math.ceil(len(self) / batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, seed and position, plus the settings a resumed run must share.
+
+        In train mode every rank holds the same state, so saving rank 0's is enough.
+        """
+        return {"epoch": self.epoch, "seed": self.seed, "position": self._position,
+                "num_samples": self.num_samples, "world_size": self.world_size,
+                "mode": self.mode, "shuffle": self.shuffle, "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state` left off. The seed comes from `state`.
+
+        Raises:
+            CheckpointError: a missing key, or a state saved with a different dataset length,
+                world size, mode, shuffle or drop_last (its position would mean other samples).
+        """
+        missing = [k for k in ("epoch", "seed", "position", *_FIT_KEYS) if k not in state]
+        if missing:
+            raise CheckpointError(f"sampler state is missing {missing}; got keys {sorted(state)}")
+        mine = self.state_dict()
+        differ = {k: (state[k], mine[k]) for k in _FIT_KEYS if state[k] != mine[k]}
+        if differ:
+            detail = ", ".join(f"{k}: saved {s!r}, now {m!r}" for k, (s, m) in differ.items())
+            raise CheckpointError(f"sampler state does not fit this run ({detail}); resuming "
+                                  "would visit other samples than the saved run")
+        epoch, position, seed = state["epoch"], state["position"], state["seed"]
+        if not (_is_int(epoch) and epoch >= 0 and _is_int(seed)
+                and _is_int(position) and 0 <= position <= len(self)):
+            raise CheckpointError(f"sampler state needs ints epoch >= 0, seed and position in "
+                                  f"[0, {len(self)}], got epoch={epoch!r}, seed={seed!r}, "
+                                  f"position={position!r}")
+        self.epoch, self.seed, self._position = epoch, seed, position
+        self._ran_to_end = False
+
+    def __repr__(self) -> str:
+        return (f"ShardedSampler(num_samples={self.num_samples}, rank={self.rank}, "
+                f"world_size={self.world_size}, mode={self.mode!r}, shuffle={self.shuffle}, "
+                f"seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch}, "
+                f"position={self._position})")
