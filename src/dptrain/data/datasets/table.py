@@ -121,8 +121,15 @@ def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
     if not Path(path).is_file():
         raise DataError(f"{path}: file not found")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+        # np.load leaks its own file handle when the zip is bad, so we own the file
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":  # anything else np.load would try as .npy or as a pickle
+                raise DataError(f"{path}: not an NPZ file (no zip signature at byte 0)")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as npz:
+                return {k: npz[k] for k in npz.files}
+    except DataError:
+        raise
     except ValueError as err:  # object arrays need pickle, which could run code
         raise DataError(f"{path}: cannot load without pickle (object arrays?): {err}") from None
     except (OSError, zipfile.BadZipFile, EOFError) as err:
