@@ -35,7 +35,7 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
-def _guard(op: str, numel: int, call: Callable[[], T]) -> T:
+def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
     try:
         return call()
     except (RuntimeError, dist.DistError) as err:
@@ -50,9 +50,9 @@ def barrier() -> None:
     if not is_initialized():
         return
     if dist.get_backend() == "gloo":
-        _guard("monitored_barrier", 0, lambda: dist.monitored_barrier(wait_all_ranks=True))
+        guarded("monitored_barrier", 0, lambda: dist.monitored_barrier(wait_all_ranks=True))
     else:
-        _guard("barrier", 0, dist.barrier)
+        guarded("barrier", 0, dist.barrier)
 
 
 def _buckets(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
@@ -71,7 +71,7 @@ def _flat_in_place(tensors: Sequence[torch.Tensor], op: str,
     calls = 0
     for group in _buckets(tensors).values():
         flat = torch.cat([t.reshape(-1) for t in group])
-        _guard(op, flat.numel(), lambda: collective(flat))
+        guarded(op, flat.numel(), lambda: collective(flat))
         offset = 0
         for t in group:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
@@ -109,7 +109,7 @@ def broadcast_object(obj: T, *, src: int = 0) -> T:
     if not is_initialized():
         return obj
     box = [obj]
-    _guard("broadcast_object", 1, lambda: dist.broadcast_object_list(box, src=src))
+    guarded("broadcast_object", 1, lambda: dist.broadcast_object_list(box, src=src))
     return box[0]
 
 
@@ -118,7 +118,7 @@ def all_gather_object(obj: T) -> list[T]:
     if not is_initialized():
         return [obj]
     out: list[Any] = [None] * get_world_size()
-    _guard("all_gather_object", 1, lambda: dist.all_gather_object(out, obj))
+    guarded("all_gather_object", 1, lambda: dist.all_gather_object(out, obj))
     return out
 
 
@@ -134,7 +134,7 @@ def reduce_sum_count(metrics: Mapping[str, tuple[float, float]],
     key = float(zlib.crc32("\0".join(names).encode()))
     buf = torch.tensor([*values, key, 1.0], dtype=torch.float64, device=device)
     if is_initialized():
-        _guard("all_reduce(metrics)", buf.numel(), lambda: dist.all_reduce(buf))
+        guarded("all_reduce(metrics)", buf.numel(), lambda: dist.all_reduce(buf))
     *totals, key_sum, ranks = buf.tolist()
     if key_sum != key * ranks:
         raise RankFailure(f"rank {get_rank()}: ranks reduced different metric names; this rank "
