@@ -1,0 +1,67 @@
+"""TAGI (Tractable Approximate Gaussian Inference) networks on torch tensors, pytagi's loop.
+
+Every weight is a Gaussian; a step propagates means and variances forward, updates the output
+with the observation, sends innovations back, and applies capped parameter increments. There is
+no loss and no autograd. Equations: TAGI_MATH.md. Runs on CPU or CUDA tensors, float32 by
+default (`Sequential(..., dtype=torch.float64)` or `net.to(torch.float64)` for float64).
+
+Usage (classification with the hierarchical softmax)::
+
+    import torch
+    from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, manual_seed
+
+    manual_seed(0)
+    net = Sequential(Linear(64, 128), ReLU(), Linear(128, 128), ReLU(), Linear(128, 11))
+    updater = OutputUpdater(net.device)
+    hrc = HRCSoftmax(num_classes=10)                  # hrc.num_outputs == 11
+    x, labels = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    mu, var = net(x)                                  # (32, 11) each
+    y_obs, y_idx = hrc.encode(labels)                 # (32, 4) each
+    updater.update_using_indices(net.output_z_buffer, y_obs, 0.05**2, y_idx,
+                                 net.input_delta_z_buffer)
+    net.backward()
+    net.step()
+    net.eval()
+    pred = hrc.predict(*net(x))                       # (32,) class labels
+
+Regression uses `updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)`;
+NaN targets are missing observations (zero innovation). `net.state_dict()` holds
+`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
+plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
+and `cap_batch_size` (see `Sequential`).
+"""
+
+from __future__ import annotations
+
+from dptrain.tagi._rng import manual_seed
+from dptrain.tagi.activations import LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
+from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.hrc_softmax import HRCSoftmax
+from dptrain.tagi.linear import Linear
+from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
+from dptrain.tagi.output_updater import OutputUpdater
+from dptrain.tagi.remax import Remax
+from dptrain.tagi.sequential import Sequential
+from dptrain.tagi.states import DeltaStates, HiddenStates
+
+__all__ = [
+    "DeltaStates",
+    "HRCSoftmax",
+    "HiddenStates",
+    "Layer",
+    "LeakyReLU",
+    "Linear",
+    "MixtureReLU",
+    "MixtureSigmoid",
+    "MixtureTanh",
+    "OutputUpdater",
+    "ParamLayer",
+    "ReLU",
+    "Remax",
+    "Sequential",
+    "Sigmoid",
+    "Softplus",
+    "Tanh",
+    "cap_factor",
+    "manual_seed",
+]

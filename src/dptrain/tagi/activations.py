@@ -1,0 +1,94 @@
+"""Locally linearised activations (TAGI_MATH.md §3): m_A = f(m_Z), J = f'(m_Z), v_A = J² v_Z.
+
+Shape legend: any state shape, (B, N) or (B, C, H, W); everything is elementwise.
+
+Deliberate difference from cuTAGI (TAGI_MATH.md §14 item 5): an activation multiplies its J by
+the incoming J, so two activations in a row compose their Jacobians instead of the second
+overwriting the first. After a parametric layer the incoming J is 1 and nothing changes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dptrain.tagi.base import Layer
+from dptrain.tagi.states import HiddenStates
+
+
+class Activation(Layer):
+    """Elementwise activation: subclasses return (m_A, v_A, J) from (m_Z, v_Z)."""
+
+    is_activation = True
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, states: HiddenStates) -> HiddenStates:
+        mu_a, var_a, jcb = self.moments(states.mu_a, states.var_or_zeros())
+        if states.jcb is not None:
+            jcb = jcb * states.jcb
+        return HiddenStates(mu_a, var_a, jcb)
+
+
+class ReLU(Activation):
+    """m_A = max(m_Z, 0), J = 1[m_Z > 0], v_A = J v_Z."""
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mu_a = torch.relu(mu_z)
+        jcb = torch.sign(mu_a)  # 1 where m_Z > 0, else 0: one op, in the state's dtype
+        return mu_a, var_z * jcb, jcb
+
+
+class LeakyReLU(Activation):
+    """m_A = m_Z or α m_Z, J = 1 or α, v_A = J² v_Z (α = 0.1 as in cuTAGI).
+
+    This is the intended math; cuTAGI's CPU LeakyReLU is a no-op (TAGI_MATH.md §14 item 1).
+    """
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = float(alpha)
+        super().__init__()
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        jcb = (mu_z > 0).to(mu_z.dtype).mul_(1.0 - self.alpha).add_(self.alpha)
+        return mu_z * jcb, var_z * jcb * jcb, jcb
+
+    def __repr__(self) -> str:
+        return f"LeakyReLU(alpha={self.alpha})"
+
+
+class Sigmoid(Activation):
+    """m_A = σ(m_Z), J = σ(1 − σ), v_A = J² v_Z."""
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mu_a = torch.sigmoid(mu_z)
+        jcb = mu_a * (1.0 - mu_a)
+        return mu_a, var_z * jcb * jcb, jcb
+
+
+class Tanh(Activation):
+    """m_A = tanh(m_Z), J = 1 − tanh², v_A = J² v_Z."""
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mu_a = torch.tanh(mu_z)
+        jcb = 1.0 - mu_a * mu_a
+        return mu_a, var_z * jcb * jcb, jcb
+
+
+class Softplus(Activation):
+    """m_A = log(1 + e^{m_Z}), J = σ(m_Z), v_A = J² v_Z.
+
+    (pytagi 0.2.1's `nn.Softplus` cannot be constructed, TAGI_MATH.md §14 item 2; this is the
+    C++ layer's math.)
+    """
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        jcb = torch.sigmoid(mu_z)
+        return F.softplus(mu_z), var_z * jcb * jcb, jcb

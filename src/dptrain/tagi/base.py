@@ -1,0 +1,158 @@
+"""What every TAGI layer shares: the layer protocol, parameter init, and the capped step.
+
+A layer maps `HiddenStates` forward and `DeltaStates` backward (TAGI_MATH.md §1). Parametric
+layers own Gaussian parameters named pytagi's way: `mu_<p>, var_<p>` and the proposed increments
+`delta_mu_<p>, delta_var_<p>` for each parameter group p ("w", "b"). A `Sequential` re-binds
+these attributes to views of one flat buffer so that `step()` is a handful of ops for the whole
+network; a layer never assumes it owns its storage.
+
+Every TAGI parameter delta has the form Δm = v ⊙ g_m and Δv = v² ⊙ g_v, where g only involves
+innovations and states (Cov(θ, Z) = v_θ ∂Z/∂θ). A layer's `backward` therefore writes g_m, g_v
+into its delta buffers and the owner of the storage applies the v, v² factors afterwards: a
+`Sequential` in two ops over its flat buffer (`scale_deltas_`), a lone layer through
+`ParamLayer.scale_deltas_()`. After `Sequential.backward()` the buffers hold the true deltas.
+
+Shape legend: B batch, I inputs, O outputs, P flat parameter count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from dptrain.tagi import _rng
+from dptrain.tagi.states import DeltaStates, HiddenStates
+
+#: Variance written where a capped update leaves a non-positive variance (TAGI_MATH.md §6).
+VAR_FLOOR = 1e-5
+
+
+def cap_factor(batch_size: int) -> float:
+    """c(B) of the capped step: 0.1 for B = 1, 2 for 1 < B < 256, 3 for B ≥ 256."""
+    if batch_size < 1:
+        raise ValueError(f"cap batch size must be >= 1, got {batch_size}")
+    if batch_size == 1:
+        return 0.1
+    return 2.0 if batch_size < 256 else 3.0
+
+
+def scale_deltas_(params: torch.Tensor, deltas: torch.Tensor) -> None:
+    """In place on (2, ...) stacks: deltas[0] *= v, deltas[1] *= v², v = params[1]."""
+    deltas.mul_(params[1])
+    deltas[1].mul_(params[1])
+
+
+def capped_update_(params: torch.Tensor, deltas: torch.Tensor, factor: float,
+                   scratch: torch.Tensor | None = None) -> None:
+    """In place: `m += clip(Δm, ±bar)`, `v += clip(Δv, ±bar)`, `bar = sqrt(v_old)/c`; v ≤ 0 → 1e-5.
+
+    `params` and `deltas` are (2, P): row 0 means, row 1 variances (TAGI_MATH.md §6).
+    clamp(Δ, −bar, bar) equals sign(Δ)·min(|Δ|, bar) because bar ≥ 0. `scratch`, if given, is
+    a (4, P) buffer reused across calls: a fresh ~P-sized allocation per step costs page faults
+    that show up at batch 32.
+    """
+    if scratch is None:
+        scratch = torch.empty((4,) + tuple(params.shape[1:]), dtype=params.dtype,
+                              device=params.device)
+    bar, neg_bar, clipped = scratch[0], scratch[1], scratch[2:]
+    torch.sqrt(params[1], out=bar).mul_(1.0 / factor)  # from the pre-update variance
+    torch.neg(bar, out=neg_bar)
+    params.add_(torch.clamp(deltas, min=neg_bar, max=bar, out=clipped))
+    # threshold: v if v > 0 else VAR_FLOOR, i.e. exactly the floor rule, in one fused op.
+    F.threshold_(params[1], 0.0, VAR_FLOOR)
+
+
+class Layer:
+    """Base of every layer: `forward(states)`, and `backward(delta, need_input_delta)`.
+
+    `label` names the layer in error messages; `Sequential` sets it to include the position.
+    Activations set `is_activation = True`: `Sequential.backward` skips them, because the next
+    parametric layer already multiplies its input innovations by their J (TAGI_MATH.md §1).
+    """
+
+    is_activation = False
+
+    def __init__(self) -> None:
+        self.training = True
+        self.label = repr(self)
+
+    def forward(self, states: HiddenStates) -> HiddenStates:
+        raise NotImplementedError
+
+    def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
+        """Consume innovations for this layer's output, write parameter deltas, and return the
+        innovations for the previous layer's pre-activation Z (None if not `need_input_delta`)."""
+        raise NotImplementedError
+
+    def parametric_leaves(self) -> list[ParamLayer]:
+        """Layers owning parameters, nested ones included, in a fixed order."""
+        return []
+
+    def named_children(self) -> list[tuple[str, Layer]]:
+        return []
+
+    def clear_cache(self) -> None:
+        """Drop what the last training forward stored for backward (after a device change)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class ParamLayer(Layer):
+    """A layer with Gaussian parameters; subclasses list their groups in `param_groups()`."""
+
+    def param_groups(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(group, shape) pairs, e.g. [("w", (O, I)), ("b", (O,))], in state_dict order."""
+        raise NotImplementedError
+
+    def parametric_leaves(self) -> list[ParamLayer]:
+        return [self]
+
+    def named_parameter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for group, _ in self.param_groups():
+            yield f"mu_{group}", getattr(self, f"mu_{group}")
+            yield f"var_{group}", getattr(self, f"var_{group}")
+
+    def named_delta_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for group, _ in self.param_groups():
+            yield f"delta_mu_{group}", getattr(self, f"delta_mu_{group}")
+            yield f"delta_var_{group}", getattr(self, f"delta_var_{group}")
+
+    def scale_deltas_(self) -> None:
+        """Turn the g_m, g_v written by `backward` into Δm = v g_m, Δv = v² g_v, for a layer
+        used outside a Sequential (a Sequential does this for all its layers at once)."""
+        for group, _ in self.param_groups():
+            var = getattr(self, f"var_{group}")
+            getattr(self, f"delta_mu_{group}").mul_(var)
+            getattr(self, f"delta_var_{group}").mul_(var).mul_(var)
+
+    def bind(self, group: str, mu: torch.Tensor, var: torch.Tensor, delta_mu: torch.Tensor,
+             delta_var: torch.Tensor) -> None:
+        """Point one parameter group at new storage (views of a flat buffer)."""
+        setattr(self, f"mu_{group}", mu)
+        setattr(self, f"var_{group}", var)
+        setattr(self, f"delta_mu_{group}", delta_mu)
+        setattr(self, f"delta_var_{group}", delta_var)
+
+    def _init_group(self, group: str, shape: tuple[int, ...], scale: float, gain: float,
+                    dtype: torch.dtype, device: torch.device | str | None) -> None:
+        """m ~ N(0, scale²), v = (gain·scale)² (TAGI_MATH.md §7); deltas start at zero.
+
+        Draws are made in float64 on the CPU, then cast, so a seed gives the same parameters
+        whatever the dtype and device.
+        """
+        mu = _rng.normal(shape, scale).to(dtype=dtype, device=device)
+        var = torch.full(shape, (gain * scale) ** 2, dtype=dtype, device=device)
+        self.bind(group, mu, var, torch.zeros_like(mu), torch.zeros_like(mu))
+
+
+def init_scale(init_method: str, fan_in: int, fan_out: int) -> float:
+    """He: sqrt(1/fan_in) (not sqrt(2/fan_in), as in cuTAGI); Xavier: sqrt(2/(fan_in+fan_out))."""
+    if init_method == "He":
+        return math.sqrt(1.0 / fan_in)
+    if init_method == "Xavier":
+        return math.sqrt(2.0 / (fan_in + fan_out))
+    raise ValueError(f"init_method must be 'He' or 'Xavier', got {init_method!r}")

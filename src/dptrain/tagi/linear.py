@@ -1,0 +1,101 @@
+"""Fully connected TAGI layer (TAGI_MATH.md §2).
+
+Shape legend: B batch, I input_size, O output_size. Weights are (O, I) like torch's
+`Linear.weight` and pytagi's flat `mu_w` (index i*I + j), biases (O,).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dptrain.tagi.base import ParamLayer, init_scale
+from dptrain.tagi.states import DeltaStates, HiddenStates
+
+
+class Linear(ParamLayer):
+    """Z = W A + B with independent Gaussian W, B, A; forward moments are exact.
+
+    Parameters: `mu_w, var_w` (O, I), `mu_b, var_b` (O,), and their proposed increments
+    `delta_mu_w, …`, written (overwritten, summed over the batch) by every `backward`.
+    Init (pytagi): m ~ N(0, s²), v = (gain·s)², s = sqrt(1/I) for "He", sqrt(2/(I+O)) for
+    "Xavier"; the gains scale only the variances.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = True,
+                 gain_weight: float = 1.0, gain_bias: float = 1.0, init_method: str = "He",
+                 *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for name, value in (("input_size", input_size), ("output_size", output_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Linear: {name} must be a positive int, got {value!r}")
+        self.input_size = input_size
+        self.output_size = output_size
+        self.bias = bias
+        super().__init__()
+        scale = init_scale(init_method, input_size, output_size)
+        self._init_group("w", (output_size, input_size), scale, gain_weight, dtype, device)
+        if bias:
+            self._init_group("b", (output_size,), scale, gain_bias, dtype, device)
+        else:
+            self.mu_b = self.var_b = self.delta_mu_b = self.delta_var_b = None
+        self.clear_cache()
+
+    def param_groups(self) -> list[tuple[str, tuple[int, ...]]]:
+        groups = [("w", (self.output_size, self.input_size))]
+        if self.bias:
+            groups.append(("b", (self.output_size,)))
+        return groups
+
+    def clear_cache(self) -> None:
+        self._mu_a: torch.Tensor | None = None  # (B, I) input mean of the last training forward
+        self._mu_a_sq: torch.Tensor | None = None  # (B, I)
+        self._mu_w_sq: torch.Tensor | None = None  # (O, I), also needed by the backward
+        self._jcb: torch.Tensor | None = None  # (B, I) J of the input, None = 1
+
+    def forward(self, states: HiddenStates) -> HiddenStates:
+        mu_a, var_a = states.mu_a, states.var_a  # (B, I)
+        if mu_a.dim() != 2 or mu_a.shape[1] != self.input_size:
+            raise ValueError(f"{self.label}: expected input of shape (batch, {self.input_size}),"
+                             f" got {tuple(mu_a.shape)}")
+        mu_a_sq = mu_a * mu_a
+        mu_z = F.linear(mu_a, self.mu_w, self.mu_b)  # (B, O)
+        # v_Z = v_A (m_W² + v_W)ᵀ + m_A² v_Wᵀ + v_B, computed as (m_A² + v_A) v_Wᵀ + v_A (m_W²)ᵀ
+        # + v_B (B×I temporaries instead of O×I). A deterministic input (the usual network
+        # input) skips the second matmul and m_W², the costliest terms of a wide first layer.
+        mu_w_sq = None
+        if var_a is None:
+            var_z = F.linear(mu_a_sq, self.var_w, self.var_b)  # (B, O)
+        else:
+            mu_w_sq = self.mu_w * self.mu_w  # (O, I)
+            var_z = F.linear(mu_a_sq + var_a, self.var_w, self.var_b)
+            var_z.addmm_(var_a, mu_w_sq.t())
+        if self.training:
+            self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = (
+                mu_a, mu_a_sq, mu_w_sq, states.jcb)
+        return HiddenStates(mu_z, var_z, None)
+
+    def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
+        """Writes g_m = δmᵀ m_A, g_v = δvᵀ m_A² (and the batch sums of δm, δv for the bias) into
+        the delta buffers; Δ = v g_m, v² g_v follows in `scale_deltas_` (base.py)."""
+        if self._mu_a is None or self._mu_a_sq is None:
+            raise RuntimeError(f"{self.label}: backward() needs a forward in training mode first")
+        delta_mu, delta_var = delta.delta_mu, delta.delta_var  # (B, O)
+        # out= keeps the (possibly flat-buffer) delta storage: views handed out stay live.
+        torch.mm(delta_mu.t(), self._mu_a, out=self.delta_mu_w)  # (O, I)
+        torch.mm(delta_var.t(), self._mu_a_sq, out=self.delta_var_w)
+        if self.bias:
+            torch.sum(delta_mu, 0, out=self.delta_mu_b)  # (O,)
+            torch.sum(delta_var, 0, out=self.delta_var_b)
+        if not need_input_delta:
+            return None
+        mu_w_sq = self._mu_w_sq if self._mu_w_sq is not None else self.mu_w * self.mu_w
+        delta_mu_in = torch.mm(delta_mu, self.mu_w)  # (B, I)
+        delta_var_in = torch.mm(delta_var, mu_w_sq)
+        if self._jcb is not None:
+            delta_mu_in.mul_(self._jcb)
+            delta_var_in.mul_(self._jcb).mul_(self._jcb)
+        return DeltaStates(delta_mu_in, delta_var_in)
+
+    def __repr__(self) -> str:
+        return f"Linear({self.input_size}, {self.output_size}, bias={self.bias})"

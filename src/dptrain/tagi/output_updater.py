@@ -1,0 +1,122 @@
+"""Observation update of the network output (TAGI_MATH.md §4): the innovations that start the
+backward pass.
+
+Shape legend: B batch, N output units, L observed outputs per sample (index update).
+
+Missing observations: a NaN target gives zero innovations for that output (TAGI masking), so
+it contributes nothing to any parameter delta; so does an inf/NaN innovation ratio. This holds
+for both `update` and `update_using_indices` (cuTAGI masks only in `update`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dptrain.tagi.states import DeltaStates, HiddenStates
+
+
+class OutputUpdater:
+    """pytagi's `OutputUpdater`: writes δm, δv of the output into a `DeltaStates`.
+
+    `device` is kept for pytagi compatibility; the computation runs where the output lives.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def update(self, output_states: HiddenStates, mu_obs: Any, var_obs: Any,
+               delta_states: DeltaStates) -> None:
+        """Every output observed: δm = J (y − m)/(v + v_y), δv = −J²/(v + v_y).
+
+        `mu_obs`: (B, N) or flat (B·N,) targets (NaN = missing); `var_obs`: observation noise
+        variance σ_v², a number or an array of the shape of `mu_obs`.
+        """
+        mu, var = _checked_output(output_states)
+        y = _shaped_like(mu_obs, mu.shape, mu, "mu_obs")
+        noise = _noise(var_obs, mu.shape, mu)
+        delta_states.delta_mu, delta_states.delta_var = _innovations(
+            mu, var, output_states.jcb, y, noise)
+
+    def update_using_indices(self, output_states: HiddenStates, mu_obs: Any, var_obs: Any,
+                             selected_idx: Any, delta_states: DeltaStates) -> None:
+        """Only the outputs `selected_idx` are observed (HRC softmax); others get δ = 0.
+
+        `selected_idx`: (B, L) or flat (B·L,) **1-based** output indices (pytagi's convention,
+        what `HRCSoftmax.encode` returns); `mu_obs` and `var_obs` (number or array) match it.
+        An output selected twice in a sample counts as two observations (innovations add).
+        """
+        mu, var = _checked_output(output_states)
+        if mu.dim() != 2:
+            raise ValueError(f"update_using_indices needs a (batch, outputs) output, got "
+                             f"{tuple(mu.shape)}")
+        idx = _indices(selected_idx, mu)  # (B, L), 0-based
+        y = _shaped_like(mu_obs, idx.shape, mu, "mu_obs")
+        noise = _noise(var_obs, idx.shape, mu)
+        jcb = None if output_states.jcb is None else output_states.jcb.gather(1, idx)
+        delta_mu, delta_var = _innovations(mu.gather(1, idx), var.gather(1, idx), jcb, y, noise)
+        delta_states.delta_mu = torch.zeros_like(mu).scatter_add_(1, idx, delta_mu)
+        delta_states.delta_var = torch.zeros_like(mu).scatter_add_(1, idx, delta_var)
+
+
+def _innovations(mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,
+                 y: torch.Tensor, noise: torch.Tensor | float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_s = torch.reciprocal(var + noise)
+    delta_mu = (y - mu).mul_(inv_s)
+    delta_var = inv_s.neg_()
+    if jcb is not None:
+        delta_mu.mul_(jcb)
+        delta_var.mul_(jcb).mul_(jcb)
+    observed = torch.isfinite(delta_mu)  # False for NaN targets and inf/NaN ratios
+    return torch.where(observed, delta_mu, 0.0), torch.where(observed, delta_var, 0.0)
+
+
+def _checked_output(states: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(states, HiddenStates):
+        raise ValueError("output_states must be net.output_z_buffer after a forward, got "
+                         f"{type(states).__name__}")
+    return states.mu_a, states.var_or_zeros()
+
+
+def _shaped_like(value: Any, shape: torch.Size, like: torch.Tensor, name: str) -> torch.Tensor:
+    """`value` as a tensor of `shape`; a flat array of the same size is reshaped (pytagi)."""
+    tensor = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if tensor.shape == shape:
+        return tensor
+    if tensor.dim() == 1 and tensor.numel() == shape.numel():
+        return tensor.view(shape)
+    raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} (or flat "
+                     f"{shape.numel()}) to match the last forward's batch of {shape[0]}")
+
+
+def _noise(value: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor | float:
+    if isinstance(value, (int, float)):
+        if not value >= 0:
+            raise ValueError(f"var_obs must be >= 0, got {value}")
+        return float(value)
+    tensor = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if tensor.dim() != 0:
+        tensor = _shaped_like(tensor, shape, like, "var_obs")
+    if not bool((tensor >= 0).all()):
+        raise ValueError(f"var_obs must be >= 0 everywhere, got min {tensor.min().item()}")
+    return tensor
+
+
+def _indices(value: Any, mu: torch.Tensor) -> torch.Tensor:
+    idx = torch.as_tensor(value, device=mu.device)
+    if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+        raise ValueError(f"selected_idx must hold integers, got dtype {idx.dtype}")
+    batch, width = mu.shape
+    if idx.dim() == 1 and idx.numel() % batch == 0:
+        idx = idx.view(batch, -1)
+    if idx.dim() != 2 or idx.shape[0] != batch:
+        raise ValueError(f"selected_idx has shape {tuple(idx.shape)}, expected (batch={batch}, "
+                         "observations per sample) or its flat form")
+    low, high = torch.aminmax(idx)
+    if low.item() < 1 or high.item() > width:
+        bad = ((idx < 1) | (idx > width)).nonzero()[0].tolist()
+        raise ValueError(f"selected_idx must be 1-based output indices in [1, {width}], got "
+                         f"{idx[bad[0], bad[1]].item()} at sample {bad[0]}, position {bad[1]}")
+    return idx.long() - 1
