@@ -91,13 +91,14 @@ class ShardedSampler(Sampler[int]):
 
     Position: the number of this epoch's indices already yielded. An iterator starts at the
     position, so a sampler restored by `load_state_dict` (or given `set_position(n)`) yields
-    exactly the indices not yet seen, in the same order; that holds for a position at the end
-    of the epoch too (nothing is left). Only after an iterator of this object ran to the end
-    does the next one start the epoch again from 0, so a sampler reused without `set_epoch`
-    (an eval loop) repeats its epoch, as torch's DistributedSampler does. A DataLoader
-    prefetches, so the indices its
-    sampler has yielded run ahead of the batches the loop consumed: the Trainer, which knows how
-    many it consumed, should call `set_position(steps_done * batch_size)` before saving.
+    exactly the indices not yet seen, in the same order; a position at the end of the epoch
+    yields nothing. Only after an iterator of this object has run to the end does the next one
+    start the epoch again from 0, so a sampler reused without `set_epoch` (an eval loop)
+    repeats its epoch, as torch's DistributedSampler does.
+
+    A DataLoader prefetches, so the indices its sampler has yielded run ahead of the batches
+    the loop has consumed: the Trainer, which knows how many it consumed, should call
+    `set_position(steps_done * batch_size)` before saving `state_dict()`.
 
     Args:
         dataset_or_length: anything with `__len__`, or the number of samples.

@@ -43,7 +43,7 @@ class ArrayDataset(torch.utils.data.Dataset):
                 f"y={tuple(self.y.shape)} {self.y.dtype})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: == would be ambiguous
 class Normalisation:
     """The affine map applied to raw values: `normalised = (raw - mean) / std`.
 
@@ -73,7 +73,7 @@ class Normalisation:
         return cls(mean.squeeze(0), std.squeeze(0))
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Split:
     """A fixed train/test split with what a model needs to know about it.
 

@@ -68,7 +68,8 @@ def load_dataset(spec: str | Path, **options: Any) -> Split:
     if name in PATH_DATASETS:
         if not path:
             raise ConfigError(f"dataset {name!r} needs a path: {name}:PATH, got {spec!r}")
-        return _call(name, PATH_DATASETS[name], (path,), options)
+        # "mnist:~/data" is one shell word, so the shell never expanded its "~"
+        return _call(name, PATH_DATASETS[name], (str(Path(path).expanduser()),), options)
     suffix = Path(spec).suffix.lower()
     if suffix in _SUFFIXES:
         return _call(_SUFFIXES[suffix], PATH_DATASETS[_SUFFIXES[suffix]], (spec,), options)
