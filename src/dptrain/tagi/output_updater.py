@@ -113,7 +113,8 @@ def _indices(value: Any, mu: torch.Tensor) -> torch.Tensor:
         idx = idx.view(batch, -1)
     if idx.dim() != 2 or idx.shape[0] != batch:
         raise ValueError(f"selected_idx has shape {tuple(idx.shape)}, expected (batch={batch}, "
-                         "observations per sample) or its flat form")
+                         f"observations per sample) or its flat form, to match the last "
+                         f"forward's batch of {batch}")
     low, high = torch.aminmax(idx)
     if low.item() < 1 or high.item() > width:
         bad = ((idx < 1) | (idx > width)).nonzero()[0].tolist()

@@ -221,12 +221,13 @@ class Sequential(Layer):
         The cap factor is c(cap_batch_size) if that is set, else c(last_batch_size).
         Deltas are not cleared: calling step() twice applies them twice.
         """
+        pack = self._owned_pack()
         batch = self.cap_batch_size if self.cap_batch_size is not None else self.last_batch_size
         if batch is None:
             raise RuntimeError("step() needs a forward in training mode first (or set "
                                "cap_batch_size)")
         with torch.no_grad():
-            self._owned_pack().step(cap_factor(batch))
+            pack.step(cap_factor(batch))
 
     def _checked_output_delta(self) -> DeltaStates:
         out, delta = self.output_z_buffer, self.input_delta_z_buffer
