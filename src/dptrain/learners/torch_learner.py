@@ -1,0 +1,660 @@
+"""`TorchLearner`: data-parallel training of any `torch.nn.Module` with a loss and an optimizer.
+
+    import functools, torch
+    from torch import nn
+    from dptrain.dist import distributed
+    from dptrain.learners import TorchLearner
+
+    model = nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5))
+    learner = TorchLearner(model, nn.MSELoss(), functools.partial(torch.optim.SGD, lr=0.1))
+    with distributed() as rt:
+        learner.setup(rt)                                 # DDP-wrapped, identical replicas
+        x, y = torch.randn(8, 10), torch.randn(8, 5)      # this rank's share of the batch
+        metrics = learner.train_step((x, y))              # {"loss": (sum, count), ...}
+
+`strategy="ddp"` keeps a full replica per rank and all-reduces gradients (torch's
+DistributedDataParallel); `strategy="fsdp"` shards parameters, gradients and optimizer state with
+FSDP2's `fully_shard`. Both average gradients over ranks, so N ranks with local batch B take the
+same step as one process with batch N*B and a mean loss, provided every rank's batch has the same
+size (the ShardedSampler's train mode guarantees it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn.parallel import DistributedDataParallel
+
+from dptrain.dist import Runtime, all_reduce_flat, broadcast_tensors, get_world_size, is_initialized
+from dptrain.errors import CheckpointError, ConfigError
+from dptrain.learners.protocol import Batch, Metrics
+
+Strategy = Literal["ddp", "fsdp"]
+Precision = Literal["32", "bf16", "fp16"]
+Task = Literal["auto", "classification", "regression"]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
+PRECISIONS: tuple[str, ...] = ("32", "bf16", "fp16")
+TASKS: tuple[str, ...] = ("auto", "classification", "regression")
+# fp16 needs a GradScaler and is only worth it where float16 kernels are fast; on CPU use bf16.
+FP16_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+STATE_FORMAT = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchLearnerConfig:
+    """How a `TorchLearner` trains; every field has the same name as its keyword argument."""
+
+    strategy: Strategy = "ddp"
+    """"ddp": full replica per rank, gradients all-reduced. "fsdp": FSDP2 `fully_shard` on each
+    child module that has parameters, then on the root; sharded checkpoints via DCP."""
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step (k). Gradients are synchronised once, on the last."""
+    precision: Precision = "32"
+    """"32", "bf16" (autocast on CPU and CUDA) or "fp16" (autocast + GradScaler, CUDA only)."""
+    sync_batchnorm: bool = False
+    """BatchNorm statistics over the global batch (all ranks) instead of each rank's share."""
+    max_grad_norm: float | None = None
+    """Clip the global gradient norm to this value before each optimizer step."""
+    task: Task = "auto"
+    """Which metric train/eval steps report: "classification" -> argmax error, "regression" ->
+    squared error; "auto" decides from the loss (CrossEntropy/NLL vs MSE/L1/Huber)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy", self.strategy, STRATEGIES)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("task", self.task, TASKS)
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"TorchLearnerConfig.accumulation_steps must be an integer >= 1, "
+                              f"got {steps!r}")
+        if not isinstance(self.sync_batchnorm, bool):
+            raise ConfigError(f"TorchLearnerConfig.sync_batchnorm must be True or False, "
+                              f"got {self.sync_batchnorm!r}")
+        norm = self.max_grad_norm
+        if norm is not None and (isinstance(norm, bool) or not isinstance(norm, (int, float))
+                                 or not math.isfinite(norm) or norm <= 0):
+            raise ConfigError(f"TorchLearnerConfig.max_grad_norm must be a finite number > 0 or "
+                              f"None, got {norm!r}")
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"TorchLearnerConfig.{name} must be one of "
+                          f"{', '.join(repr(a) for a in allowed)}, got {value!r}")
+
+
+_CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
+_REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
+_CLASSIFICATION_FNS = (F.cross_entropy, F.nll_loss)
+_REGRESSION_FNS = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
+
+
+def resolve_task(loss_fn: Callable[..., torch.Tensor],
+                 task: Task = "auto") -> Literal["classification", "regression"]:
+    """The metric family for `loss_fn`: given explicitly, or recognised from torch's losses."""
+    if task != "auto":
+        return task
+    if isinstance(loss_fn, _CLASSIFICATION_LOSSES) or loss_fn in _CLASSIFICATION_FNS:
+        return "classification"
+    if isinstance(loss_fn, _REGRESSION_LOSSES) or loss_fn in _REGRESSION_FNS:
+        return "regression"
+    raise ConfigError(f"cannot tell whether the loss {loss_fn!r} is for classification or "
+                      f"regression; pass task='classification' (metric: argmax error) or "
+                      f"task='regression' (metric: squared error)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Global-batch BatchNorm on CPU
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks, and the gradient summed over ranks too: every rank's loss depends on
+    every rank's inputs through the global statistics."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().clone()
+        all_reduce_flat([out])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        out = grad.detach().contiguous().clone()
+        all_reduce_flat([out])
+        return out
+
+
+class AllReduceBatchNorm(_BatchNorm):
+    """BatchNorm whose training statistics are those of the global batch over all ranks.
+
+    torch's `SyncBatchNorm` runs only on CUDA (`batch_norm_stats` has no CPU kernel and DDP
+    rejects it on CPU modules), so `sync_batchnorm=True` installs this on other devices. In
+    training mode with more than one rank, each forward all-reduces per channel (sum, sum of
+    squares, count) in float64 and each backward all-reduces their gradients: two small
+    collectives per layer per micro-batch, on every rank. Eval mode and a world of one behave as
+    `BatchNorm`. Inputs: (N, C) or (N, C, *spatial). Same parameters and buffers as BatchNorm,
+    so state dicts are interchangeable.
+    """
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"AllReduceBatchNorm expects input (N, C, ...), got {input.dim()}D")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        if not (self.training and is_initialized() and get_world_size() > 1):
+            return super().forward(input)
+        return _global_batch_norm(self, input, self._update_factor())
+
+    def _update_factor(self) -> float:
+        if not self.track_running_stats or self.num_batches_tracked is None:
+            return 0.0
+        self.num_batches_tracked.add_(1)
+        return 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+
+
+def _global_batch_norm(bn: AllReduceBatchNorm, x: torch.Tensor, factor: float) -> torch.Tensor:
+    c = x.shape[1]
+    dims = [0, *range(2, x.dim())]
+    shape = (1, c) + (1,) * (x.dim() - 2)
+    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()  # bf16 stats are too coarse
+    count = torch.full((1,), float(x.numel() // c), dtype=torch.float64, device=x.device)
+    stats = _AllReduceSum.apply(torch.cat([xf.sum(dims, dtype=torch.float64),
+                                           (xf * xf).sum(dims, dtype=torch.float64), count]))
+    n = stats[2 * c].item()
+    if n <= 1:
+        raise ValueError(f"BatchNorm needs more than 1 value per channel over all ranks when "
+                         f"training, got {n:g}")
+    mean = stats[:c] / n
+    var = (stats[c:2 * c] / n - mean * mean).clamp_min(0.0)  # (C,) biased, float64
+    y = (xf - mean.to(xf.dtype).view(shape)) * torch.rsqrt(var + bn.eps).to(xf.dtype).view(shape)
+    if bn.affine:
+        y = y * bn.weight.view(shape) + bn.bias.view(shape)
+    if bn.track_running_stats and bn.running_mean is not None:
+        with torch.no_grad():
+            unbiased = var * (n / (n - 1))
+            bn.running_mean.mul_(1 - factor).add_(mean.to(bn.running_mean.dtype), alpha=factor)
+            bn.running_var.mul_(1 - factor).add_(unbiased.to(bn.running_var.dtype), alpha=factor)
+    return y
+
+
+def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module:
+    """`module` with every BatchNorm computing global-batch statistics: torch's SyncBatchNorm on
+    CUDA, `AllReduceBatchNorm` elsewhere. Parameters and buffers are reused, not copied."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    out = module
+    if isinstance(module, _BatchNorm) and not isinstance(module, (nn.SyncBatchNorm,
+                                                                  AllReduceBatchNorm)):
+        out = AllReduceBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                                 module.track_running_stats)
+        if module.affine:
+            out.weight, out.bias = module.weight, module.bias
+        out.running_mean, out.running_var = module.running_mean, module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.train(module.training)
+    for name, child in module.named_children():
+        out.add_module(name, convert_sync_batchnorm(child, device))
+    return out
+
+
+_GLOBAL_BATCHNORMS = (nn.SyncBatchNorm, AllReduceBatchNorm)
+
+
+# ---------------------------------------------------------------------------------------------
+# The learner
+
+
+class TorchLearner:
+    """The `Learner` for gradient training of a torch module, data-parallel over all ranks.
+
+    Args:
+        model: the module; `setup` moves it to the rank's device (and may replace BatchNorm
+            layers), so use `learner.module` afterwards rather than this object.
+        loss_fn: `loss_fn(outputs, targets)` returning the *mean* loss over the batch (torch's
+            default reduction); the learner reports its sum over samples.
+        optimizer_factory: called with the parameters after wrapping, e.g.
+            `functools.partial(torch.optim.AdamW, lr=1e-3)`. FSDP needs it this late: it
+            replaces parameters with sharded DTensors.
+        scheduler_factory: called with the optimizer; stepped once per optimizer step.
+        Remaining keywords: the fields of `TorchLearnerConfig`.
+
+    Collective calls (every rank, same order): `setup`, `train_step`, `save_sharded`,
+    `load_sharded`, and for `strategy="fsdp"` also `eval_step` (parameters are all-gathered in
+    forward), `state_dict`, `load_state_dict` and `model_state_dict`.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor],
+                                                           torch.Tensor],
+                 optimizer_factory: OptimizerFactory, *,
+                 scheduler_factory: SchedulerFactory | None = None, strategy: Strategy = "ddp",
+                 sync_batchnorm: bool = False, accumulation_steps: int = 1,
+                 precision: Precision = "32", max_grad_norm: float | None = None,
+                 task: Task = "auto") -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn) or not callable(optimizer_factory):
+            raise TypeError("loss_fn and optimizer_factory must be callable")
+        self.config = TorchLearnerConfig(
+            strategy=strategy, sync_batchnorm=sync_batchnorm, precision=precision,
+            accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, task=task)
+        self.task = resolve_task(loss_fn, self.config.task)
+        self.loss_fn = loss_fn
+        self._module = model
+        self._optimizer_factory = optimizer_factory
+        self._scheduler_factory = scheduler_factory
+        self._wrapped: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self.device = torch.device("cpu")
+        self.num_optimizer_steps = 0
+        self._distributed = False
+        self._replicated_buffers: list[torch.Tensor] = []
+
+    @classmethod
+    def from_config(cls, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor],
+                                                             torch.Tensor],
+                    optimizer_factory: OptimizerFactory, config: TorchLearnerConfig, *,
+                    scheduler_factory: SchedulerFactory | None = None) -> TorchLearner:
+        return cls(model, loss_fn, optimizer_factory, scheduler_factory=scheduler_factory,
+                   **asdict(config))
+
+    @property
+    def is_sharded(self) -> bool:
+        """True for FSDP: checkpoint with `save_sharded`/`load_sharded` on every rank."""
+        return self.config.strategy == "fsdp"
+
+    @property
+    def eval_is_collective(self) -> bool:
+        """True when every rank must call `eval_step` equally often (FSDP over >1 rank); a rank
+        with no samples left passes an empty batch."""
+        return self.is_sharded and self._distributed
+
+    @property
+    def module(self) -> nn.Module:
+        """The model being trained (after `setup`: on device, BatchNorm converted, FSDP-sharded
+        for strategy="fsdp"); never the DDP wrapper."""
+        return self._module
+
+    @property
+    def wrapped(self) -> nn.Module:
+        """What `train_step` calls: the DDP wrapper, or the module itself (FSDP, world of 1)."""
+        return self._require_setup()
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def setup(self, runtime: Runtime) -> None:
+        """Move to `runtime.device`, make replicas identical and wrap; collective."""
+        if self._wrapped is not None:
+            raise RuntimeError("TorchLearner.setup() was already called")
+        device = runtime.device
+        if self.config.precision == "fp16" and device.type not in FP16_DEVICE_TYPES:
+            raise ConfigError(f"precision='fp16' needs a CUDA device (float16 autocast with a "
+                              f"GradScaler); this rank computes on {device}: use "
+                              f"precision='bf16' or '32'")
+        self.device = device
+        self._distributed = is_initialized() and get_world_size() > 1
+        module = self._module.to(device)
+        if self.config.sync_batchnorm and self._distributed:
+            module = convert_sync_batchnorm(module, device)
+        self._module = module
+        self._wrapped = self._fsdp_wrap(module) if self.is_sharded else self._ddp_wrap(module)
+        self._replicated_buffers = [b for m in module.modules()
+                                    if not isinstance(m, _GLOBAL_BATCHNORMS)
+                                    for b in m.buffers(recurse=False)]
+        self.optimizer = self._optimizer_factory(self._wrapped.parameters())
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer_factory must return a torch.optim.Optimizer, got "
+                            f"{type(self.optimizer).__name__}")
+        if self._scheduler_factory is not None:
+            self.scheduler = self._scheduler_factory(self.optimizer)
+        if self.config.precision == "fp16":
+            self.scaler = torch.amp.GradScaler(device.type)
+
+    def _ddp_wrap(self, module: nn.Module) -> nn.Module:
+        if not self._distributed:
+            return module
+        # DDP broadcasts parameters and buffers from rank 0 here. broadcast_buffers=False: it
+        # would re-broadcast buffers before every forward (every micro-batch); we broadcast the
+        # few that differ once per optimizer step instead (_sync_buffers).
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+
+    def _fsdp_wrap(self, module: nn.Module) -> nn.Module:
+        if not self._distributed:
+            return module
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        # fully_shard keeps each rank's own slice of its local tensors: make them equal first.
+        with torch.no_grad():
+            broadcast_tensors([*module.parameters(), *module.buffers()])
+        mesh = init_device_mesh(self.device.type, (get_world_size(),))
+        # One FSDP unit per child with parameters: each all-gathers just before it runs and
+        # frees after, so peak memory holds one unsharded child rather than the whole model.
+        for child in module.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+        return module
+
+    def _require_setup(self) -> nn.Module:
+        if self._wrapped is None:
+            raise RuntimeError("call TorchLearner.setup(runtime) before training or checkpoints")
+        return self._wrapped
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def train_step(self, batch: Batch) -> Metrics:
+        """One optimizer step on this rank's share of the batch, split into k micro-batches.
+
+        Each micro-batch loss is weighted by its share of the batch, so the accumulated gradient
+        is that of the mean loss over the whole batch however unevenly it splits. Returns
+        `loss` (sum over samples), `error` or `squared_error`, and `grad_norm` (pre-clipping,
+        count 1) when clipping. Raises FloatingPointError before stepping if the loss is not
+        finite, leaving the parameters untouched.
+        """
+        wrapped = self._require_setup()
+        x, y = self._to_device(_check_batch(batch, allow_empty=False))
+        wrapped.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n = x.shape[0]
+        k = min(self.config.accumulation_steps, n)
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for i, (xi, yi) in enumerate(zip(x.tensor_split(k), y.tensor_split(k))):
+            with self._gradient_sync(is_last=i == k - 1):
+                with self._autocast():
+                    out = wrapped(xi)
+                    loss = self._loss(out, yi)
+                self._backward(loss * (xi.shape[0] / n))
+            totals += self._batch_stats(out, loss, yi)
+        loss_sum, metric_sum = totals.tolist()
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(
+                f"train step {self.num_optimizer_steps}: the loss is {loss_sum} on this rank; the "
+                f"parameters were not updated. Check the inputs for NaN/inf, or lower the "
+                f"learning rate")
+        grad_norm = self._optimizer_step()
+        metrics = self._metrics(loss_sum, metric_sum, n, y)
+        if grad_norm is not None:
+            metrics["grad_norm"] = (grad_norm, 1.0)
+        return metrics
+
+    def eval_step(self, batch: Batch) -> Metrics:
+        """Metrics of the current model on `batch` under no_grad; changes nothing.
+
+        Local for DDP. For FSDP over several ranks the forward all-gathers parameters, so every
+        rank must call it equally often (see `eval_is_collective`); empty batches are allowed.
+        """
+        self._require_setup()
+        x, y = self._to_device(_check_batch(batch, allow_empty=True))
+        n = x.shape[0]
+        if n == 0 and not self.eval_is_collective:
+            return self._metrics(0.0, 0.0, 0, y)
+        self._module.eval()
+        with torch.no_grad(), self._autocast():
+            out = self._module(x)  # never through DDP: its forward may communicate
+            if n == 0:
+                return self._metrics(0.0, 0.0, 0, y)
+            loss_sum, metric_sum = self._batch_stats(out, self._loss(out, y), y).tolist()
+        return self._metrics(loss_sum, metric_sum, n, y)
+
+    def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _gradient_sync(self, *, is_last: bool) -> contextlib.AbstractContextManager:
+        """Suppress the gradient all-reduce (DDP) or reduce-scatter (FSDP) on all but the last
+        micro-batch; gradients accumulate locally and are reduced once, on the last backward."""
+        if not self._distributed:
+            return contextlib.nullcontext()
+        if self.is_sharded:
+            self._wrapped.set_requires_gradient_sync(is_last)
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if is_last else self._wrapped.no_sync()
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.precision == "32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.config.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.task == "regression" and out.shape != y.shape:
+            raise ValueError(f"regression: model output {tuple(out.shape)} and targets "
+                             f"{tuple(y.shape)} differ in shape; the loss would broadcast them")
+        return self.loss_fn(out, y)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def _batch_stats(self, out: torch.Tensor, loss: torch.Tensor, y: torch.Tensor
+                     ) -> torch.Tensor:
+        """(loss summed over samples, errors or summed squared error) as float64, detached."""
+        out = out.detach()
+        loss_sum = loss.detach().double() * out.shape[0]
+        if self.task == "classification":
+            labels = y.argmax(1) if y.is_floating_point() and y.shape == out.shape else y
+            metric = (out.argmax(1) != labels).sum().double()
+        else:
+            metric = (out.double() - y.double()).square().sum()
+        return torch.stack([loss_sum, metric])
+
+    def _metrics(self, loss_sum: float, metric_sum: float, n: int, y: torch.Tensor) -> Metrics:
+        if self.task == "classification":
+            labels = y.shape[0] * math.prod(y.shape[2:]) if y.is_floating_point() else y.numel()
+            return {"loss": (loss_sum, float(n)), "error": (metric_sum, float(labels))}
+        return {"loss": (loss_sum, float(n)), "squared_error": (metric_sum, float(y.numel()))}
+
+    def _optimizer_step(self) -> float | None:
+        """Unscale, clip, step, update the scaler and scheduler; the pre-clip norm if clipping."""
+        norm = None
+        if self.config.max_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            total = torch.nn.utils.clip_grad_norm_(self._wrapped.parameters(),
+                                                   self.config.max_grad_norm)
+            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+        stepped = True
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            stepped = self.scaler.get_scale() >= scale  # a lowered scale means inf grads: skipped
+        else:
+            self.optimizer.step()
+        if self.scheduler is not None and stepped:
+            self.scheduler.step()
+        self.num_optimizer_steps += 1
+        self._sync_buffers()
+        return norm
+
+    def _sync_buffers(self) -> None:
+        """Rank 0's buffers everywhere (plain BatchNorm running stats, ...), so replicas stay
+        identical; global-batch BatchNorms are equal already and skipped."""
+        if self._distributed and self._replicated_buffers:
+            with torch.no_grad():
+                broadcast_tensors(self._replicated_buffers)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers as CPU copies under the plain module's names (no `module.`),
+        loadable into a non-distributed model of the same architecture. FSDP: collective."""
+        self._require_setup()
+        if self.is_sharded:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+            state = get_model_state_dict(self._module,
+                                         options=StateDictOptions(full_state_dict=True))
+        else:
+            state = self._module.state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, scheduler, scaler and step count, unsharded; live tensors as torch's
+        own state_dict gives them (copy them to keep a snapshot). FSDP: collective, and gathers
+        the full state on every rank; prefer `save_sharded` there.
+
+        RNG states are not included: the learner owns no generator (dropout and friends draw
+        from torch's global one, per rank), so the Trainer saves and restores those per rank.
+        """
+        self._require_setup()
+        if self.is_sharded:
+            model, optim, initialized = self._dcp_state(full=True)
+        else:
+            model, optim, initialized = self._module.state_dict(), self.optimizer.state_dict(), True
+        return {"format": STATE_FORMAT, "strategy": self.config.strategy, "model": model,
+                "optimizer": optim, "extra": self._extra_state(initialized)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (every rank, after `setup`). A `module.` prefix on
+        model keys (a DDP-wrapped torch checkpoint) is accepted."""
+        self._require_setup()
+        _check_state(state, self.config.strategy)
+        model = dict(state["model"])
+        consume_prefix_in_state_dict_if_present(model, "module.")
+        try:
+            if self.is_sharded:
+                from torch.distributed.checkpoint.state_dict import (
+                    StateDictOptions,
+                    set_state_dict,
+                )
+                set_state_dict(self._module, self.optimizer, model_state_dict=model,
+                               optim_state_dict=state["optimizer"],
+                               options=StateDictOptions(full_state_dict=True))
+            else:
+                self._module.load_state_dict(model)
+                self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"learner state does not fit this model/optimizer: {err}") \
+                from err
+        self._load_extra_state(state["extra"])
+
+    def save_sharded(self, path: str | os.PathLike) -> None:
+        """Write a torch.distributed.checkpoint (DCP) directory: each rank writes its own shards.
+        Collective. Loads on any world size with `load_sharded`. The directory should be new;
+        making it appear atomically (temp name, rename, marker) is the caller's job."""
+        self._require_setup()
+        import torch.distributed.checkpoint as dcp
+
+        model, optim, initialized = self._dcp_state(full=False)
+        state = {"model": model, "optimizer": optim, "extra": self._extra_state(initialized)}
+        _run_dcp(dcp.save, state, path)
+
+    def load_sharded(self, path: str | os.PathLike) -> None:
+        """Read a `save_sharded` directory, resharding to this world size; collective."""
+        self._require_setup()
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        if not Path(path, ".metadata").is_file():
+            raise CheckpointError(f"{path}: not a sharded checkpoint (no .metadata file)")
+        model, optim, _ = self._dcp_state(full=False)
+        state = {"model": model, "optimizer": optim, "extra": self._extra_state(True)}
+        try:
+            _run_dcp(dcp.load, state, path)
+            set_state_dict(self._module, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as err:  # DCP's CheckpointException too
+            raise CheckpointError(f"{path}: sharded checkpoint does not fit this learner: "
+                                  f"{err}") from err
+        self._load_extra_state(state["extra"])
+
+    def _dcp_state(self, *, full: bool) -> tuple[dict, dict, bool]:
+        """Model and optimizer state keyed by parameter name, through torch's distributed
+        state-dict API; also whether the optimizer had state of its own."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        initialized = bool(self.optimizer.state)
+        model, optim = get_state_dict(self._module, self.optimizer,
+                                      options=StateDictOptions(full_state_dict=full))
+        if not initialized:
+            # torch created state with a zero-lr step to know its shapes (Adam's step = 1,
+            # SGD momentum buffers = 0): drop it so training continues exactly as before.
+            self.optimizer.state.clear()
+        return model, optim, initialized
+
+    def _extra_state(self, optimizer_initialized: bool) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "num_optimizer_steps": self.num_optimizer_steps,
+                "optimizer_initialized": optimizer_initialized}
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        for name, obj in (("scheduler", self.scheduler), ("scaler", self.scaler)):
+            saved = extra.get(name)
+            if (saved is None) != (obj is None):
+                raise CheckpointError(f"checkpoint {'has' if saved is not None else 'lacks'} "
+                                      f"{name} state but this learner "
+                                      f"{'has no' if obj is None else 'has a'} {name}")
+            if obj is not None:
+                obj.load_state_dict(saved)
+        if not extra.get("optimizer_initialized", True):
+            self.optimizer.state.clear()
+        self.num_optimizer_steps = int(extra["num_optimizer_steps"])
+
+
+def _check_batch(batch: Any, *, allow_empty: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"a batch must be a pair (inputs, targets), got {type(batch).__name__}"
+                        f"{f' of length {len(batch)}' if isinstance(batch, (tuple, list)) else ''}")
+    x, y = batch
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"inputs and targets must be tensors, got {type(x).__name__} and "
+                        f"{type(y).__name__}")
+    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"inputs and targets must hold the same number of samples (dim 0), got "
+                         f"shapes {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] == 0 and not allow_empty:
+        raise ValueError("train_step got an empty batch; every rank needs at least one sample "
+                         "per step")
+    return x, y
+
+
+def _check_state(state: Any, strategy: str) -> None:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"not a TorchLearner state (format {STATE_FORMAT} expected, got "
+                              f"{got!r})")
+    missing = {"strategy", "model", "optimizer", "extra"} - state.keys()
+    if missing:
+        raise CheckpointError(f"TorchLearner state lacks {', '.join(sorted(missing))}")
+    if state["strategy"] != strategy:
+        raise CheckpointError(f"state was saved with strategy={state['strategy']!r}, this learner "
+                              f"uses {strategy!r}; exchange models through model_state_dict()")
+
+
+def _run_dcp(fn: Callable[..., Any], state: dict[str, Any], path: str | os.PathLike) -> None:
+    if is_initialized():
+        fn(state, checkpoint_id=path)
+        return
+    with warnings.catch_warnings():
+        # Without a process group DCP warns that it assumes one process: that is the intent.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled",
+                                category=UserWarning)
+        fn(state, checkpoint_id=path, no_dist=True)
+
