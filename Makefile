@@ -25,7 +25,7 @@ mpi:
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq openmpi-bin; fi; }
 
 demo: setup
-	$(VENV)/bin/dptrain run -n 2 examples/allreduce.py
+	$(VENV)/bin/dptrain train
 
 test: setup mpi
 	$(PY) -m pytest -q

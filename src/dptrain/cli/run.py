@@ -70,10 +70,14 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
     return [*argv, "-m", "dptrain.cli.worker", args.script, *args.script_args]
 
 
-def _threads_per_worker(nproc: int) -> None:
-    """torchrun pins OMP_NUM_THREADS=1 when unset; share the cores instead."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+def _worker_environment(nproc: int) -> None:
+    """Variables the agent passes on to every worker, unless the user set them."""
+    # torchrun pins OMP_NUM_THREADS=1 when unset; share the cores instead.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # With the agent's store shared, a restarted attempt can read the dead attempt's keys and
+    # dial its ports (gloo: "connection refused"; pytorch/pytorch#135712): give each attempt a
+    # store of its own.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
 def _text(message: object) -> str:
@@ -98,19 +102,23 @@ def _describe(message: object) -> str:
     return f"Its error: {message}" if message else "It died without a Python error (signal?)."
 
 
-def run_command(args: argparse.Namespace) -> int:
+def launch(argv: list[str], nproc: int, command: str = "run") -> int:
+    """Run torchrun's agent with `argv` in this process; 0, or 1 naming the failed rank."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    argv = torchrun_argv(args)
-    _threads_per_worker(resolved_nproc(args))
+    _worker_environment(nproc)
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
         rank, failure = root_cause(err.failures)
         others = sorted(set(err.failures) - {rank})
         also = f" (rank(s) {', '.join(map(str, others))} failed after it)" if others else ""
-        print(f"dptrain run: rank {rank} failed first (exit code {failure.exitcode}){also} and "
-              f"the job was stopped. {_describe(failure.message)}", file=sys.stderr)
+        print(f"dptrain {command}: rank {rank} failed first (exit code {failure.exitcode})"
+              f"{also} and the job was stopped. {_describe(failure.message)}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    return launch(torchrun_argv(args), resolved_nproc(args))

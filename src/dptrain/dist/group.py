@@ -69,8 +69,6 @@ def _share_cores(env: DistEnv) -> None:
 
 
 def _init_method(env: DistEnv) -> str:
-    if env.launcher == "torchrun":
-        return "env://"  # joins the agent's store instead of opening a second one on its port
     host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
     return f"tcp://{host}:{env.master_port}"
 

@@ -1,0 +1,78 @@
+"""`dptrain train`: the main job. Parses options, then trains here or launches the processes."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+
+from dptrain.cli.train_options import MODELS, TrainOptions, accepted_keys, resolve
+from dptrain.dist import resolve_env
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a built-in model data-parallel (the main job)",
+        description="Train a TAGI or torch model data-parallel and write a run directory with "
+                    "checkpoints, epochs.csv, TensorBoard events, plots and summary.json. With "
+                    "no options: a TAGI MLP on the built-in digits, 2 processes on this machine.")
+    docs = {f.name: (f.default, f.type) for f in fields(TrainOptions)}
+    p.add_argument("--config", metavar="FILE.toml",
+                   help=f"options as TOML keys ({', '.join(accepted_keys())}); flags win")
+    p.add_argument("--model", choices=MODELS)
+    p.add_argument("--dataset", help="digits, digits-image, diabetes, toy1d, mnist:DIR, "
+                   "fashion-mnist:DIR, cifar10:DIR, csv:PATH, npz:PATH")
+    for flag, kind, text in (
+            ("nproc", int, "processes on this machine"), ("epochs", int, "epochs"),
+            ("batch-size", int, "global batch per step, split over the processes"),
+            ("seed", int, "seed of the data order, initialisation and every RNG"),
+            ("hidden", int, "width of the hidden layers"),
+            ("sigma-v", float, "TAGI observation noise σ_v"),
+            ("lr", float, "learning rate (torch models)"),
+            ("checkpoint-every", int, "also checkpoint every STEPS steps (0: epoch ends only)"),
+            ("keep-last", int, "checkpoints kept"),
+            ("patience", int, "early stopping patience in epochs (0: off)"),
+            ("max-restarts", int, "restart the job up to K times; each restart resumes")):
+        default = docs[flag.replace("-", "_")][0]
+        p.add_argument(f"--{flag}", type=kind, help=f"{text} (default {default})")
+    p.add_argument("--precision", help="32 or 64 for TAGI; 32, bf16, fp16 for torch")
+    p.add_argument("--average", action="store_true", default=None,
+                   help="TAGI: average the deltas over ranks (pytagi) instead of summing")
+    p.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<time>)")
+    p.add_argument("--resume", choices=("auto", "never"), help="default auto")
+    p.add_argument("--monitor", help="metric for early stopping (default test_error/test_rmse)")
+    p.add_argument("--fail-at", metavar="RANK:STEP",
+                   help="fault injection: that rank SIGKILLs itself at that step, once")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    p.set_defaults(func=train_command)
+
+
+def options_from_args(args: argparse.Namespace) -> TrainOptions:
+    """Pure: the resolved options (defaults < --config file < flags), with a run directory."""
+    flags = {name: getattr(args, name, None) for name in accepted_keys()}
+    options = resolve(flags, args.config)
+    if not options.out:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        options = replace(options, out=str(Path("runs") / f"{options.model}-{stamp}"))
+    return options
+
+
+def train_command(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    env = resolve_env()
+    if env.launcher != "single" or (options.nproc == 1 and options.max_restarts == 0):
+        # Already one of the launcher's processes (torchrun, mpirun, srun), or one is enough.
+        from dptrain.cli.train_worker import run_training
+
+        run_training(options)
+        return 0
+    from dptrain.cli.run import launch
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    options_file = out / "options.json"
+    options_file.write_text(options.to_json())
+    argv = [f"--nproc-per-node={options.nproc}", f"--max-restarts={options.max_restarts}",
+            "--standalone", "-m", "dptrain.cli.train_worker", str(options_file)]
+    return launch(argv, options.nproc, command="train")

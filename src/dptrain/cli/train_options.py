@@ -1,0 +1,141 @@
+"""The options of `dptrain train`: one dataclass filled from defaults, a TOML file, then flags.
+
+Kept apart from the command so that tests (and the worker processes, which read the resolved
+options as JSON) use it without argparse or processes.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from dptrain.errors import ConfigError
+
+TAGI_MODELS = ("tagi-mlp",)
+TORCH_MODELS = ("torch-mlp", "torch-cnn")
+MODELS = TAGI_MODELS + TORCH_MODELS
+PRECISIONS = ("32", "64", "bf16", "fp16")
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """Everything `dptrain train` can be told. Flag `--batch-size` is field `batch_size`, etc."""
+
+    model: str = "tagi-mlp"
+    """tagi-mlp (TAGI network), torch-mlp or torch-cnn (gradient learners)."""
+    dataset: str = "digits"
+    """A dataset spelling of dptrain.data.load_dataset (digits, toy1d, mnist:DIR, ...)."""
+    nproc: int = 2
+    """Processes on this machine (one per device)."""
+    epochs: int = 10
+    batch_size: int = 32
+    """Global batch per step, split evenly over the processes."""
+    seed: int = 0
+    precision: str = "32"
+    """TAGI: 32 or 64 (float64); torch: 32, bf16, fp16 (CUDA)."""
+    hidden: int = 128
+    """Width of the hidden layers of the built-in models."""
+    sigma_v: float = 0.05
+    """TAGI observation noise σ_v (normalised units)."""
+    average: bool = False
+    """TAGI data-parallel mode: False sums the deltas (large-batch update), True averages."""
+    lr: float = 0.05
+    """Learning rate of the torch recipes' optimizer."""
+    out: str = ""
+    """Run directory; empty: runs/<model>-<dataset>-<time>."""
+    checkpoint_every: int = 0
+    """Also checkpoint every this many steps (0: only at epoch ends)."""
+    keep_last: int = 3
+    resume: str = "auto"
+    patience: int = 0
+    """Early stopping after this many epochs without improvement (0: off)."""
+    monitor: str = ""
+    """Metric for early stopping and the best checkpoint; empty: test_error or test_rmse."""
+    max_restarts: int = 0
+    """torchrun restarts after a failure; each restart resumes from the last checkpoint."""
+    fail_at: str = ""
+    """RANK:STEP: that rank SIGKILLs itself before that step, in the first attempt only."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        def bad(name: str, allowed: str) -> ConfigError:
+            return ConfigError(f"{name.replace('_', '-')}: expected {allowed}, "
+                               f"got {getattr(self, name)!r}")
+
+        if self.model not in MODELS:
+            raise bad("model", f"one of {', '.join(MODELS)}")
+        if self.precision not in PRECISIONS:
+            raise bad("precision", f"one of {', '.join(PRECISIONS)}")
+        if self.model in TAGI_MODELS and self.precision not in ("32", "64"):
+            raise ConfigError(f"precision {self.precision} is for torch models; TAGI takes 32 "
+                              f"or 64")
+        if self.model in TORCH_MODELS and self.precision == "64":
+            raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
+        for name in ("nproc", "epochs", "batch_size", "hidden", "keep_last"):
+            if getattr(self, name) < 1:
+                raise bad(name, "an integer >= 1")
+        for name in ("checkpoint_every", "patience", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise bad(name, "an integer >= 0")
+        if self.batch_size % self.nproc:
+            raise ConfigError(f"batch-size {self.batch_size} must be divisible by nproc "
+                              f"{self.nproc} (every process takes an equal share)")
+        if self.sigma_v <= 0 or self.lr <= 0:
+            raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
+        if self.resume not in ("auto", "never"):
+            raise bad("resume", "auto or never")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainOptions:
+        return cls(**json.loads(text))
+
+def accepted_keys() -> list[str]:
+    return [f.name for f in fields(TrainOptions)]
+
+def _coerce(name: str, value: Any) -> Any:
+    """Check a TOML value's type against the field's default (TOML has real types)."""
+    default = getattr(TrainOptions(), name)
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, str)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value, ok = str(value), True  # precision = 32 written as a number
+    if not ok:
+        raise ConfigError(f"key {name!r}: expected a {type(default).__name__}, got {value!r}")
+    return value
+
+def read_toml(path: Path | str) -> dict[str, Any]:
+    """The options a TOML file sets, hyphens or underscores; unknown keys are an error."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    raw = raw.get("train", raw)  # keys may sit at the top level or under [train]
+    out = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in accepted_keys():
+            raise ConfigError(f"{path}: unknown key {key!r}; accepted: "
+                              f"{', '.join(accepted_keys())}")
+        out[name] = _coerce(name, value)
+    return out
+
+def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
+    """Defaults < TOML file < flags given on the command line (those not None)."""
+    merged = read_toml(config_file) if config_file else {}
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    return TrainOptions(**merged)

@@ -1,0 +1,94 @@
+"""One process of `dptrain train`: build the data, the learner and the Trainer, and fit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from dptrain.cli.train_options import TAGI_MODELS, TrainOptions
+from dptrain.data import Split, load_dataset
+from dptrain.dist import Runtime, distributed, rank_zero_print, setup_logging
+from dptrain.errors import ConfigError
+from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
+from dptrain.train import FailAt, TrainConfig, Trainer
+from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
+from dptrain.train.rng import seed_everything
+
+
+def build_learner(options: TrainOptions, split: Split):
+    """The learner the options name, initialised from `options.seed` (same on every rank)."""
+    seed_everything(options.seed)
+    if options.model in TAGI_MODELS:
+        from dptrain.tagi import HRCSoftmax, manual_seed
+
+        if len(split.input_shape) != 1:
+            raise ConfigError(f"model {options.model} takes flat inputs; dataset "
+                              f"{options.dataset} has shape {split.input_shape} (use e.g. "
+                              f"digits instead of digits-image)")
+        manual_seed(options.seed)
+        classification = split.task == "classification"
+        out_dim = HRCSoftmax(split.num_classes).num_outputs if classification \
+            else split.output_dim
+        dtype = torch.float64 if options.precision == "64" else torch.float32
+        model = tagi_mlp(split.input_shape[0], out_dim, hidden=options.hidden, dtype=dtype)
+        y_scale = split.y_norm.std if split.y_norm is not None else None
+        return TagiLearner(model, task=split.task, num_classes=split.num_classes,
+                           sigma_v=options.sigma_v, average=options.average, y_scale=y_scale)
+    from dptrain.learners.recipes import build_torch_learner
+
+    return build_torch_learner(options, split)
+
+
+def train_config(options: TrainOptions, split: Split) -> TrainConfig:
+    classification = split.task == "classification"
+    fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
+    return TrainConfig(
+        out_dir=Path(options.out), num_epochs=options.epochs, batch_size=options.batch_size,
+        seed=options.seed, checkpoint_every=options.checkpoint_every or None,
+        keep_last=options.keep_last, resume=options.resume,
+        monitor=options.monitor or ("test_error" if classification else "test_rmse"),
+        monitor_mode="max" if "log_likelihood" in options.monitor else "min",
+        patience=options.patience or None, progress=options.progress,
+        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)))
+
+
+def run_training(options: TrainOptions) -> dict:
+    with distributed() as runtime:
+        setup_logging(runtime.env.rank)
+        logging.getLogger("dptrain").setLevel(logging.WARNING)
+        return _fit(options, runtime)
+
+
+def _fit(options: TrainOptions, runtime: Runtime) -> dict:
+    split = load_dataset(options.dataset)
+    learner = build_learner(options, split)
+    config = train_config(options, split)
+    rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "
+                    f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}), "
+                    f"global batch {options.batch_size}, run directory {options.out}")
+    summary = Trainer(learner, split, config, runtime).fit()
+    metric = "test_error" if split.task == "classification" else "test_rmse"
+    value = summary.get(metric)
+    shown = f"{100 * value:.2f} %" if metric == "test_error" and value is not None else value
+    rank_zero_print(f"done: {metric} {shown} after {summary['final_epoch']} epoch(s), "
+                    f"{summary['samples_per_s']:.0f} samples/s, "
+                    f"{summary['wall_time_s']:.1f} s\n"
+                    f"run directory: {options.out} (summary.json, epochs.csv, "
+                    f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
+                    f"{Path(options.out) / 'tb'})")
+    return summary
+
+
+@record
+def main() -> None:
+    options = TrainOptions.from_json(Path(sys.argv[1]).read_text())
+    run_training(options)
+
+
+if __name__ == "__main__":
+    main()

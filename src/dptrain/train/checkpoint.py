@@ -1,0 +1,166 @@
+"""Atomic, checksummed checkpoints: a good checkpoint is never replaced by a partial one.
+
+Layout of a run directory's `checkpoints/`:
+
+    step-00000120/state.pt     torch.save of the state (tensors and plain Python values only)
+    step-00000120/meta.json    written last: sha256 of state.pt, step, epoch, world size, config
+    step-00000120/sharded/     (sharded learners only) the learner's own distributed checkpoint
+    best/                      a copy of the best checkpoint by the monitored metric
+
+A save goes to `step-N.tmp/`, fsyncs every file, renames the folder to `step-N` and fsyncs
+the parent: a crash at any point leaves either no `step-N` or a complete one. `meta.json` is the
+completion marker; a folder without it, or whose state fails its checksum, is reported and
+skipped in favour of the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dptrain.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+    def load_state(self) -> dict[str, Any]:
+        """The saved state; never executes pickled code (`weights_only=True`)."""
+        return torch.load(self.path / "state.pt", map_location="cpu", weights_only=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_file(Path(dirpath, name))
+        _fsync_dir(Path(dirpath))
+
+
+def begin(directory: Path, step: int) -> Path:
+    """A fresh temporary folder for the checkpoint of `step` (rank 0 calls this)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f"step-{step:08d}.tmp"  # one name every rank can compute (sharded saves)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def commit(tmp: Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write `state` and `meta` into `tmp` and atomically publish it as `step-N`."""
+    torch.save(state, tmp / "state.pt")
+    meta = {**meta, "format_version": FORMAT_VERSION, "sha256": _sha256(tmp / "state.pt")}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    _fsync_tree(tmp)
+    final = tmp.with_name(f"step-{meta['step']:08d}")
+    if final.exists():  # a re-run of the same step after a restart: replace it only now
+        old = final.with_name(final.name + f".old-{os.getpid()}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def validate(path: Path) -> Checkpoint:
+    """The checkpoint at `path`, or `CheckpointError` saying what is wrong with it."""
+    meta_path, state_path = path / "meta.json", path / "state.pt"
+    if not meta_path.is_file():
+        raise CheckpointError(f"{path}: incomplete checkpoint (no meta.json)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{meta_path}: unreadable ({err})") from err
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {meta.get('format_version')!r}, this "
+                              f"dptrain reads {FORMAT_VERSION}")
+    if not state_path.is_file():
+        raise CheckpointError(f"{state_path}: missing")
+    actual = _sha256(state_path)
+    if actual != meta.get("sha256"):
+        raise CheckpointError(f"{state_path}: checksum mismatch (expected {meta.get('sha256')}, "
+                              f"got {actual}): the file is corrupt")
+    return Checkpoint(path=path, step=int(meta["step"]), meta=meta)
+
+
+def list_steps(directory: Path) -> list[Path]:
+    """Published step folders, newest first."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if p.is_dir() and (m := _STEP_DIR.fullmatch(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest_valid(directory: Path) -> Checkpoint | None:
+    """The newest checkpoint that passes validation; broken ones are logged and skipped."""
+    for path in list_steps(directory):
+        try:
+            return validate(path)
+        except CheckpointError as err:
+            log.warning("skipping checkpoint: %s", err)
+    return None
+
+
+def prune(directory: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` published checkpoints and stale temp folders."""
+    for path in list_steps(directory)[keep_last:]:
+        shutil.rmtree(path, ignore_errors=True)
+    for stale in [*directory.glob("step-*.tmp"), *directory.glob("*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def copy_as_best(source: Path, directory: Path) -> None:
+    """Atomically replace `best/` with a copy of `source`."""
+    tmp = directory / f"best.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    _fsync_tree(tmp)
+    best = directory / "best"
+    if best.exists():
+        old = directory / f"best.old-{os.getpid()}"
+        best.rename(old)
+        tmp.rename(best)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(best)
+    _fsync_dir(directory)
