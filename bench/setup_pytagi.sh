@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Creates bench/.venv-pytagi with the reference library pytagi 0.2.1, for tagi_vs_pytagi.py.
+#
+# The PyPI wheel of pytagi 0.2.1 is a CUDA+NCCL+MPI build, even when it runs on the CPU only:
+# its extension links libmpi.so.40 and libmpi_cxx.so.40 (Debian's libopenmpi3) and libnccl.so.2
+# (pip's nvidia-nccl-cu12; the loader finds it only through LD_LIBRARY_PATH, which
+# tagi_vs_pytagi.py sets for the worker). It does not declare numpy, which it imports.
+#
+#   bash bench/setup_pytagi.sh            # idempotent; PYTHON=python3.11 to pick the interpreter
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+VENV=.venv-pytagi
+REQS=(pytagi==0.2.1 nvidia-nccl-cu12 "numpy<3")
+
+if ! ldconfig -p | grep -q 'libmpi_cxx\.so\.40'; then
+  echo "setup_pytagi: installing libopenmpi3 (pytagi's extension links OpenMPI 4)" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libopenmpi3
+fi
+
+# The stamp holds the requirement list, so changing REQS reinstalls.
+if [ "$(cat "$VENV/.installed" 2>/dev/null)" != "${REQS[*]}" ]; then
+  test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQS[@]}"
+  echo "${REQS[*]}" > "$VENV/.installed"
+fi

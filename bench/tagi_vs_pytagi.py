@@ -1,0 +1,394 @@
+"""TAGI throughput, dptrain.tagi vs pytagi 0.2.1, measured side by side in one run.
+
+    .venv/bin/python bench/tagi_vs_pytagi.py            # full run, writes bench/results/*.json
+    .venv/bin/python bench/tagi_vs_pytagi.py --quick    # smoke run, writes nothing
+
+Network FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear) with the HRC head (10 classes,
+11 outputs, 4 observations per sample, index-based output update, sigma_v 0.05), on a fixed
+synthetic MNIST-shaped data set (no download). Two measurements per batch size:
+  train  forward + update_using_indices + backward + step, per batch
+  eval   eval-mode forward
+Both libraries run on --threads threads (torch.set_num_threads / net.set_threads). Ours runs in
+this process; pytagi runs in its own venv (bench/.venv-pytagi, made by setup_pytagi.sh) as the
+subprocess _pytagi_worker.py. The two are measured alternately, the first one alternating
+between repeats, and each figure is the median over repeats, because the 2-core machine is
+shared and noisy. Labels are encoded once up front for both libraries; the timed loop is the
+four calls of a TAGI step plus slicing the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from dptrain import tagi
+
+BENCH_DIR = Path(__file__).resolve().parent
+PYTAGI_VENV = BENCH_DIR / ".venv-pytagi"
+DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_vs_pytagi.json"
+NUM_CLASSES = 10
+#: Issue 3's targets for ours/pytagi, per batch size.
+TARGETS = {32: 4.0, 256: 8.0}
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+class Runner(Protocol):
+    """What the measurement loop drives; both libraries implement it."""
+
+    def train(self, batch_size: int, num_steps: int) -> float: ...  # seconds
+    def eval(self, batch_size: int, num_steps: int) -> float: ...  # seconds
+    def test_error(self, batch_size: int) -> float: ...
+
+
+# ---------------------------------------------------------------------------------- data
+def make_dataset(seed: int, num_train: int, num_test: int) -> dict[str, np.ndarray]:
+    """MNIST-shaped synthetic digits: 10 fixed random stroke patterns, each sample one of them
+    with 20 % of its ink dropped and 5 % salt noise, as uint8 images normalised like MNIST.
+
+    Learnable (both libraries reach a low test error within the timed steps, which the run
+    reports as a check that the timed step really trains). x: (N, 784) float32, y: (N,) int64.
+    """
+    rng = np.random.default_rng(seed)
+    ink = rng.random((NUM_CLASSES, 784)) < 0.19  # about MNIST's share of non-zero pixels
+    prototypes = np.where(ink, rng.integers(128, 256, (NUM_CLASSES, 784)), 0)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, NUM_CLASSES, n)
+        kept = prototypes[labels] * (rng.random((n, 784)) < 0.8)
+        salt = (rng.random((n, 784)) < 0.05) * rng.integers(0, 256, (n, 784))
+        images = np.maximum(kept, salt).astype(np.uint8)
+        x = (images.astype(np.float32) / 255.0 - MNIST_MEAN) / MNIST_STD
+        return x.astype(np.float32), labels.astype(np.int64)
+
+    x_train, y_train = draw(num_train)
+    x_test, y_test = draw(num_test)
+    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+
+
+@contextlib.contextmanager
+def tempfile_npz(arrays: dict[str, np.ndarray]) -> Iterator[Path]:
+    """The data set as an .npz file, for the pytagi worker (same numbers on both sides)."""
+    with tempfile.TemporaryDirectory(prefix="tagi_bench_") as tmp:
+        path = Path(tmp) / "data.npz"
+        np.savez(path, **arrays)
+        yield path
+
+
+# ---------------------------------------------------------------------------------- ours
+class OursBench:
+    """dptrain.tagi in this process; one network per batch size, like the pytagi worker."""
+
+    def __init__(self, data: dict[str, np.ndarray], batch_sizes: list[int], threads: int,
+                 sigma_v: float, seed: int) -> None:
+        torch.set_num_threads(threads)
+        tagi.manual_seed(seed)
+        self.x_train = torch.from_numpy(data["x_train"])  # (N, 784)
+        self.x_test = torch.from_numpy(data["x_test"])  # (M, 784)
+        self.y_test = torch.from_numpy(data["y_test"])  # (M,)
+        self.hrc = tagi.HRCSoftmax(num_classes=NUM_CLASSES)
+        self.y_obs, self.y_idx = self.hrc.encode(torch.from_numpy(data["y_train"]))  # (N, 4)
+        self.var_obs = sigma_v**2  # our API takes a number; pytagi needs a per-observation array
+        self.nets = {}
+        for batch_size in batch_sizes:
+            net = tagi.Sequential(tagi.Linear(784, 128), tagi.ReLU(), tagi.Linear(128, 128),
+                                  tagi.ReLU(), tagi.Linear(128, self.hrc.num_outputs))
+            self.nets[batch_size] = (net, tagi.OutputUpdater(net.device))
+        self.cursor = dict.fromkeys(batch_sizes, 0)
+
+    def train(self, batch_size: int, num_steps: int) -> float:
+        net, updater = self.nets[batch_size]
+        n = len(self.x_train)
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            i = self.cursor[batch_size]
+            self.cursor[batch_size] = (i + batch_size) % n
+            s = slice(i, i + batch_size)
+            net(self.x_train[s])
+            updater.update_using_indices(net.output_z_buffer, self.y_obs[s], self.var_obs,
+                                         self.y_idx[s], net.input_delta_z_buffer)
+            net.backward()
+            net.step()
+        return time.perf_counter() - start
+
+    def eval(self, batch_size: int, num_steps: int) -> float:
+        net, _ = self.nets[batch_size]
+        m = len(self.x_test)
+        net.eval()
+        start = time.perf_counter()
+        for step in range(num_steps):
+            i = (step * batch_size) % m
+            net(self.x_test[i : i + batch_size])
+        seconds = time.perf_counter() - start
+        net.train()
+        return seconds
+
+    def test_error(self, batch_size: int) -> float:
+        net, _ = self.nets[batch_size]
+        net.eval()
+        wrong = 0
+        for i in range(0, len(self.x_test), batch_size):
+            mu, var = net(self.x_test[i : i + batch_size])
+            wrong += int((self.hrc.predict(mu, var) != self.y_test[i : i + batch_size]).sum())
+        net.train()
+        return wrong / len(self.x_test)
+
+
+# ---------------------------------------------------------------------------------- pytagi
+def setup_pytagi_venv() -> Path:
+    """Run setup_pytagi.sh (idempotent) and return the venv's python."""
+    subprocess.run(["bash", str(BENCH_DIR / "setup_pytagi.sh")], check=True)
+    return PYTAGI_VENV / "bin" / "python"
+
+
+class PytagiWorker:
+    """_pytagi_worker.py in bench/.venv-pytagi, one JSON request/reply per line."""
+
+    def __init__(self, python: Path) -> None:
+        nccl_libs = sorted(PYTAGI_VENV.glob("lib/python*/site-packages/nvidia/nccl/lib"))
+        if not nccl_libs:
+            raise RuntimeError(f"no nvidia/nccl/lib under {PYTAGI_VENV}; rerun setup_pytagi.sh")
+        env = dict(os.environ)
+        # The loader reads LD_LIBRARY_PATH at process start, so it is set for the child here.
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(nccl_libs[-1])] + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
+        self.proc = subprocess.Popen([str(python), str(BENCH_DIR / "_pytagi_worker.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=env)
+
+    def request(self, **msg: object) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise RuntimeError(f"pytagi worker died during {msg['cmd']!r} (exit code {code})")
+        reply = json.loads(line)
+        if "error_type" in reply:
+            raise RuntimeError(f"pytagi worker failed on {msg}:\n{reply['message']}")
+        return reply
+
+    def train(self, batch_size: int, num_steps: int) -> float:
+        return self.request(cmd="train", batch_size=batch_size, num_steps=num_steps)["seconds"]
+
+    def eval(self, batch_size: int, num_steps: int) -> float:
+        return self.request(cmd="eval", batch_size=batch_size, num_steps=num_steps)["seconds"]
+
+    def test_error(self, batch_size: int) -> float:
+        return self.request(cmd="test_error", batch_size=batch_size)["test_error"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------- measuring
+PHASES = ("train", "eval")
+
+
+def measure(runners: dict[str, Runner], args: argparse.Namespace) -> dict:
+    """samples/s of every (phase, batch size, library), one figure per repeat.
+
+    Within a repeat the libraries take turns on each (batch size, phase), and which one goes
+    first alternates between repeats, so slow drift in the machine's load hits both alike.
+    """
+    rates = {(phase, b): {lib: [] for lib in runners} for phase in PHASES for b in args.batch_sizes}
+    for b in args.batch_sizes:  # first-call allocations and caches, untimed
+        for runner in runners.values():
+            runner.train(b, args.warmup_steps)
+            runner.eval(b, args.warmup_steps)
+    libs = list(runners)
+    for rep in range(args.repeats):
+        order = libs if rep % 2 == 0 else libs[::-1]
+        for b in args.batch_sizes:
+            for phase in PHASES:
+                num_samples = args.train_samples if phase == "train" else args.eval_samples
+                num_steps = max(1, num_samples // b)
+                for lib in order:
+                    seconds = getattr(runners[lib], phase)(b, num_steps)
+                    rates[(phase, b)][lib].append(num_steps * b / seconds)
+        done = "  ".join(f"{phase} b{b} {r['ours'][-1] / r['pytagi'][-1]:.1f}x"
+                         for (phase, b), r in rates.items())
+        print(f"repeat {rep + 1}/{args.repeats} (ours/pytagi): {done}", flush=True)
+    return rates
+
+
+def summarize(rates: dict, errors: dict) -> list[dict]:
+    """One row per (phase, batch size): medians and their ratio (the headline figure), the
+    median of the per-repeat ratios, and the best repeats."""
+    rows = []
+    for (phase, b), by_lib in rates.items():
+        ours, ref = by_lib["ours"], by_lib["pytagi"]
+        ratio = statistics.median(ours) / statistics.median(ref)
+        target = TARGETS.get(b)
+        rows.append({
+            "phase": phase, "batch_size": b,
+            "ours_samples_per_s": statistics.median(ours),
+            "pytagi_samples_per_s": statistics.median(ref),
+            "ratio": ratio,
+            "paired_ratio_median": statistics.median(o / r for o, r in zip(ours, ref)),
+            # The least-disturbed repeat of each: closest to an idle machine's figure.
+            "ours_best_samples_per_s": max(ours), "pytagi_best_samples_per_s": max(ref),
+            "ratio_of_best": max(ours) / max(ref),
+            "target_ratio": target,
+            "meets_target": None if target is None else ratio >= target,
+            "ours_runs": ours, "pytagi_runs": ref,
+            "ours_test_error": errors[b]["ours"], "pytagi_test_error": errors[b]["pytagi"],
+        })
+    return sorted(rows, key=lambda r: (PHASES.index(r["phase"]), r["batch_size"]))
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'phase':<6}{'batch':>6}{'dptrain.tagi/s':>16}{'pytagi/s':>11}{'ratio':>8}"
+             f"{'target':>12}{'best ratio':>12}"]
+    for r in rows:
+        target = "" if r["target_ratio"] is None else (
+            f">={r['target_ratio']:g}x " + ("ok" if r["meets_target"] else "MISS"))
+        lines.append(f"{r['phase']:<6}{r['batch_size']:>6}{r['ours_samples_per_s']:>16,.0f}"
+                     f"{r['pytagi_samples_per_s']:>11,.0f}{r['ratio']:>7.2f}x{target:>12}"
+                     f"{r['ratio_of_best']:>11.2f}x")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- reporting
+def hardware() -> dict:
+    info = {"cpu_model": platform.processor() or "unknown", "logical_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+            "os": platform.system()}
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        fields = dict(line.split(":", 1) for line in cpuinfo.split("\n\n")[0].splitlines()
+                      if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        info["cpu_model"] = fields["model name"]
+        info["cpu_family_model"] = f"{fields.get('cpu family')}/{fields.get('model')}"
+        flags = fields.get("flags", "").split()
+        info["simd"] = [f for f in ("avx2", "fma", "avx512f") if f in flags]
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+        info["memory_gib"] = round(mem_kb / 2**20, 1)
+    except (OSError, KeyError, ValueError):
+        pass  # not Linux: keep what platform knows
+    return info
+
+
+def git_describe() -> str | None:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=BENCH_DIR,
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")  # rename, so a killed run never leaves half a file
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
+    p.add_argument("--repeats", type=int, default=7, help="interleaved repeats (median taken)")
+    p.add_argument("--train-samples", type=int, default=4096, help="samples per train figure")
+    p.add_argument("--eval-samples", type=int, default=8192, help="samples per eval figure")
+    p.add_argument("--warmup-steps", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2, help="threads for each library")
+    p.add_argument("--sigma-v", type=float, default=0.05, help="observation noise std")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 3 repeats of fewer samples; writes no JSON unless --output")
+    p.add_argument("--output", type=Path, default=None,
+                   help=f"JSON results (default {DEFAULT_OUTPUT.relative_to(BENCH_DIR.parent)})")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.train_samples, args.eval_samples = 3, 1024, 2048
+    elif args.output is None:
+        args.output = DEFAULT_OUTPUT
+    if min(args.batch_sizes) < 2 or args.repeats < 1 or args.threads < 1:
+        p.error("batch sizes must be >= 2, repeats and threads >= 1")
+    return args
+
+
+def run(args: argparse.Namespace, data: dict[str, np.ndarray]) -> tuple[dict, dict, dict]:
+    """(samples/s per repeat, test errors, pytagi's versions), the worker closed whatever
+    happens."""
+    worker = PytagiWorker(setup_pytagi_venv())
+    try:
+        with tempfile_npz(data) as path:
+            versions = worker.request(cmd="init", data=str(path), batch_sizes=args.batch_sizes,
+                                      threads=args.threads, sigma_v=args.sigma_v)
+        ours = OursBench(data, args.batch_sizes, args.threads, args.sigma_v, args.seed)
+        runners: dict[str, Runner] = {"ours": ours, "pytagi": worker}
+        print(f"dptrain.tagi (torch {torch.__version__}) vs pytagi {versions['pytagi']}, "
+              f"{args.threads} threads each, {args.repeats} interleaved repeats", flush=True)
+        rates = measure(runners, args)
+        errors = {b: {lib: r.test_error(b) for lib, r in runners.items()}
+                  for b in args.batch_sizes}
+    finally:
+        worker.close()
+    return rates, errors, versions
+
+
+def report(args: argparse.Namespace, rows: list[dict], versions: dict,
+           load_before: tuple[float, ...]) -> dict:
+    """The JSON document: what ran where, and the rows."""
+    return {
+        "benchmark": "tagi_vs_pytagi",
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": shlex.join(sys.orig_argv),
+        "git": git_describe(),
+        "hardware": hardware(),
+        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
+                     "pytagi": versions["pytagi"], "pytagi_numpy": versions["numpy"]},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+                    | {"network": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
+                       "head": "HRC, 10 classes, 11 outputs, 4 observations/sample",
+                       "data": "synthetic MNIST-shaped, 8192 train / 2048 test, fixed seed"},
+        "results": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    data = make_dataset(args.seed, num_train=8192, num_test=2048)
+    load_before = os.getloadavg()
+    if load_before[0] > 0.5:
+        print(f"warning: 1-minute load average {load_before[0]:.2f} before starting: other "
+              "processes share the cores, so expect low and noisy figures", flush=True)
+    rates, errors, versions = run(args, data)
+    rows = summarize(rates, errors)
+    print("\nsamples/s, median over repeats; ratio = ours/pytagi of the medians; best ratio = "
+          "of each library's fastest repeat")
+    print(format_table(rows))
+    print("test error after the timed steps (check that both really train): " + ", ".join(
+        f"b{b} ours {e['ours']:.1%} pytagi {e['pytagi']:.1%}" for b, e in errors.items()))
+    if args.output is not None:
+        write_json(args.output, report(args, rows, versions, load_before))
+        print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
