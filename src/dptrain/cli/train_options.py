@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.errors import ConfigError
+from dptrain.train.faults import FailAt
 
 TAGI_MODELS = ("tagi-mlp",)
 TORCH_MODELS = ("torch-mlp", "torch-cnn")
@@ -86,6 +87,8 @@ class TrainOptions:
             raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
         if self.resume not in ("auto", "never"):
             raise bad("resume", "auto or never")
+        if self.fail_at:
+            FailAt.parse(self.fail_at)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

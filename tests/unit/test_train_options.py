@@ -1,0 +1,61 @@
+"""`dptrain train` options: defaults < TOML < flags, and clear errors listing what is accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from dptrain.cli.main import build_parser
+from dptrain.cli.train import options_from_args
+from dptrain.errors import ConfigError
+
+
+def _options(*argv):
+    return options_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_defaults_are_the_main_job():
+    o = _options()
+    assert (o.model, o.dataset, o.nproc, o.epochs, o.batch_size) == ("tagi-mlp", "digits", 2,
+                                                                      10, 32)
+    assert o.out.startswith("runs/tagi-mlp-")
+
+
+def test_flags_win_over_the_toml_file(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[train]\nepochs = 3\nbatch-size = 64\nsigma_v = 0.1\nprecision = 64\n'
+                      'out = "x"\n')
+    o = _options("--config", str(config), "--epochs", "5")
+    assert (o.epochs, o.batch_size, o.sigma_v, o.precision, o.out) == (5, 64, 0.1, "64", "x")
+
+
+@pytest.mark.parametrize("argv,toml,message", [
+    ([], "epochz = 3\n", "unknown key 'epochz'; accepted: model, dataset, nproc, epochs"),
+    ([], "epochs = 'three'\n", "key 'epochs': expected a int, got 'three'"),
+    ([], "epochs = [\n", "not valid TOML"),
+    (["--batch-size", "33"], None, "batch-size 33 must be divisible by nproc 2"),
+    (["--epochs", "0"], None, "epochs: expected an integer >= 1, got 0"),
+    (["--precision", "bf16"], None, "precision bf16 is for torch models"),
+    (["--model", "torch-mlp", "--precision", "64"], None, "precision 64 is for TAGI models"),
+    (["--fail-at", "x"], None, "fail-at must be RANK:STEP with non-negative integers, got 'x'"),
+])
+def test_bad_values_say_what_is_accepted(tmp_path, argv, toml, message):
+    if toml is not None:
+        (tmp_path / "c.toml").write_text(toml)
+        argv = [*argv, "--config", str(tmp_path / "c.toml")]
+    with pytest.raises(ConfigError) as info:
+        _options(*argv)
+    assert message in str(info.value)
+
+
+def test_fail_at_spec_is_validated():
+    from dptrain.train import FailAt
+
+    assert FailAt.parse("1:25") == FailAt(1, 25)
+    for bad in ("x", "1", "1:", "-1:3", "a:b"):
+        with pytest.raises(ConfigError, match="fail-at must be RANK:STEP"):
+            FailAt.parse(bad)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found: .*nope.toml"):
+        _options("--config", str(tmp_path / "nope.toml"))
