@@ -33,6 +33,7 @@ and `cap_batch_size` (see `Sequential`).
 
 from __future__ import annotations
 
+from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
@@ -41,10 +42,13 @@ from dptrain.tagi.linear import Linear
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
 from dptrain.tagi.remax import Remax
+from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
+    "DDPConfig",
+    "DDPSequential",
     "DeltaStates",
     "HRCSoftmax",
     "HiddenStates",
