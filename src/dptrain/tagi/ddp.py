@@ -22,6 +22,7 @@ The only tagi module that imports `dptrain.dist`: layers never see the process g
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import torch
@@ -77,6 +78,8 @@ class DDPSequential:
         dd.broadcast_tensors([model.flat_params])
         self.num_collectives = 0
         """All-reduce calls issued by step() so far (one per step; tests and benches read it)."""
+        self.comm_seconds = 0.0
+        """Wall time spent in those all-reduces, waiting for slower ranks included."""
         self.global_batch_size: int | None = None
         self._bucket: torch.Tensor | None = None
 
@@ -111,8 +114,10 @@ class DDPSequential:
             bucket = self._bucket = deltas.new_empty(deltas.numel() + 1)  # reused every step
         bucket[:-1].copy_(deltas.reshape(-1))
         bucket[-1] = local_batch  # exact in float32 up to 2**24 samples per step
+        start = time.perf_counter()
         guarded("all_reduce(tagi deltas)", bucket.numel(),
-               lambda: torch.distributed.all_reduce(bucket))
+                lambda: torch.distributed.all_reduce(bucket))
+        self.comm_seconds += time.perf_counter() - start
         self.num_collectives += 1
         if self.average:
             bucket[:-1].div_(self.world_size)

@@ -1,0 +1,151 @@
+"""Data-parallel TAGI throughput: 2 ranks x 1 thread vs 1 rank x 1 thread vs 1 rank x 2 threads.
+
+    .venv/bin/python bench/tagi_ddp.py             # full run, writes bench/results/tagi_ddp.json
+    .venv/bin/python bench/tagi_ddp.py --quick     # smoke run, writes nothing
+
+FNN 784-128-128-11 with the HRC head on synthetic MNIST-shaped inputs, sum mode, 256 samples per
+rank per step (a 2-rank step processes 512). Every configuration runs in fresh spawned processes
+(gloo over a FileStore for the 2-rank one), the configurations alternate over the repeats, and
+each figure is the median, because this 2-core machine is shared and noisy. Reported: global
+samples/s, its ratio to 1 rank x 1 thread, all-reduce calls per step, and the share of step time
+spent inside the all-reduce (waiting for the slower rank included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_ddp.json"
+CONFIGS = {"2 ranks x 1 thread": (2, 1), "1 rank x 1 thread": (1, 1),
+           "1 rank x 2 threads": (1, 2)}
+TARGET = 1.8  # issue 4: 2 ranks x 1 thread over 1 rank x 1 thread
+
+
+def _worker(rank: int, world_size: int, threads: int, batch: int, steps: int, warmup: int,
+            store_dir: str, out_dir: str) -> None:
+    torch.set_num_threads(threads)
+    if world_size > 1:
+        store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=120))
+    from dptrain.tagi import (DDPConfig, DDPSequential, HRCSoftmax, Linear, OutputUpdater, ReLU,
+                              Sequential, manual_seed)
+
+    manual_seed(0)
+    hrc = HRCSoftmax(10)
+    net = DDPSequential(Sequential(Linear(784, 128), ReLU(), Linear(128, 128), ReLU(),
+                                   Linear(128, hrc.num_outputs)),
+                        DDPConfig(backend="gloo", rank=rank, world_size=world_size))
+    updater = OutputUpdater()
+    g = torch.Generator().manual_seed(1 + rank)
+    x = torch.rand(8, batch, 784, generator=g)  # 8 distinct batches, cycled
+    obs, idx = zip(*(hrc.encode(torch.randint(0, 10, (batch,), generator=g)) for _ in range(8)))
+
+    def step(i: int) -> None:
+        net(x[i % 8])
+        updater.update_using_indices(net.output_z_buffer, obs[i % 8], 0.05**2, idx[i % 8],
+                                     net.input_delta_z_buffer)
+        net.backward()
+        net.step()
+
+    for i in range(warmup):
+        step(i)
+    if world_size > 1:
+        dist.barrier()
+    comm0, calls0 = net.comm_seconds, net.num_collectives
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    elapsed = time.perf_counter() - start
+    result = {"seconds": elapsed, "comm_seconds": net.comm_seconds - comm0,
+              "calls": net.num_collectives - calls0}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    if world_size > 1:
+        dist.destroy_process_group()
+
+
+def measure(world_size: int, threads: int, batch: int, steps: int, warmup: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(world_size, threads, batch, steps, warmup, tmp, tmp),
+                           nprocs=world_size, start_method="spawn", join=True)
+        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
+    seconds = max(r["seconds"] for r in ranks)
+    return {"samples_per_s": world_size * batch * steps / seconds,
+            "comm_share": max(r["comm_seconds"] / r["seconds"] for r in ranks),
+            "collectives_per_step": ranks[0]["calls"] / steps}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256, help="samples per rank per step")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="few steps, no results file")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.repeats = 10, 2, 1
+    runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    for repeat in range(args.repeats):
+        order = list(CONFIGS) if repeat % 2 == 0 else list(reversed(CONFIGS))
+        for name in order:
+            runs[name].append(measure(*CONFIGS[name], args.batch, args.steps, args.warmup))
+            print(f"repeat {repeat + 1}/{args.repeats} {name}: "
+                  f"{runs[name][-1]['samples_per_s']:.0f} samples/s", flush=True)
+    base = statistics.median(r["samples_per_s"] for r in runs["1 rank x 1 thread"])
+    table = {}
+    for name, rs in runs.items():
+        rate = statistics.median(r["samples_per_s"] for r in rs)
+        table[name] = {"samples_per_s": rate, "ratio_vs_1x1": rate / base,
+                       "collectives_per_step": rs[0]["collectives_per_step"],
+                       "comm_share": statistics.median(r["comm_share"] for r in rs)}
+    print(f"\nFNN 784-128-128-11 HRC, {args.batch} samples per rank per step, sum mode, "
+          f"median of {args.repeats}")
+    print(f"{'configuration':<22}{'samples/s':>11}{'vs 1x1':>8}{'all-reduce/step':>17}"
+          f"{'time in all-reduce':>20}")
+    for name, row in table.items():
+        print(f"{name:<22}{row['samples_per_s']:>11.0f}{row['ratio_vs_1x1']:>7.2f}x"
+              f"{row['collectives_per_step']:>17.0f}{100 * row['comm_share']:>19.1f}%")
+    ratio = table["2 ranks x 1 thread"]["ratio_vs_1x1"]
+    print(f"\n2 ranks x 1 thread / 1 rank x 1 thread = {ratio:.2f}x (target >= {TARGET}x: "
+          f"{'met' if ratio >= TARGET else 'NOT met'})")
+    if args.quick:
+        return
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "hardware": {"cpu": _cpu_model(), "cores": os.cpu_count()},
+        "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
+        "repeats": args.repeats, "results": table, "target_ratio": TARGET}, indent=1))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
