@@ -79,6 +79,55 @@ def test_linearised_moments_are_f_and_its_derivative(name):
     torch.testing.assert_close(out.var_a, grad**2 * var_z, rtol=1e-12, atol=1e-14)
 
 
+def _cutagi_relu(m, v):
+    """TAGI_MATH.md §3 MixtureReLU, literally (unfloored)."""
+    s = v.sqrt()
+    a = m / s
+    cdf, pdf = torch.special.ndtr(a), torch.exp(-a * a / 2) / (2 * torch.pi) ** 0.5
+    mt = m * cdf + s * pdf
+    return mt, -mt * mt + 2 * mt * m - m * s * pdf + (v - m * m) * cdf, cdf
+
+
+def _cutagi_hard_tanh(m, v):
+    """TAGI_MATH.md §3 MixtureTanh, literally (unfloored)."""
+    s = v.sqrt()
+    a_l, a_u = (1 + m) / s, (1 - m) / s
+    p_l, p_u = torch.special.ndtr(a_l), torch.special.ndtr(a_u)
+    d_l, d_u = (torch.exp(-x * x / 2) / (2 * torch.pi) ** 0.5 for x in (a_l, a_u))
+    mt = (m + 1) * p_l + (m - 1) * p_u + s * (d_l - d_u) - m
+    vt = (p_l * (v - m * m - 2 * m - 1) + p_u * (v - m * m + 2 * m - 1)
+          + s * (d_u * (m - 1) - d_l * (m + 1)) - mt * mt + 2 * mt * m + m * m - v + 2)
+    return mt, vt, p_l + p_u - 1
+
+
+@pytest.mark.parametrize("layer_cls,reference", [(MixtureReLU, _cutagi_relu),
+                                                 (MixtureTanh, _cutagi_hard_tanh)])
+def test_stable_forms_equal_cutagi_formulas_in_float64(layer_cls, reference):
+    """Our cancellation-free rewrites are the same functions as cuTAGI's expressions."""
+    mu_z, var_z = _grid([-6.0, -1.5, -0.3, 0.0, 0.8, 2.0, 7.0], [1e-3, 0.1, 1.0, 9.0])
+    out = layer_cls().forward(HiddenStates(mu_z, var_z))
+    m_ref, v_ref, j_ref = reference(mu_z, var_z)
+    torch.testing.assert_close(out.mu_a, m_ref.clamp_min(1e-6) if layer_cls is MixtureReLU
+                               else m_ref, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(out.var_a, v_ref.clamp_min(1e-6), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(out.jcb, j_ref, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("layer_cls", [MixtureReLU, MixtureTanh, MixtureSigmoid])
+def test_mixture_float32_tracks_float64(layer_cls):
+    """Absolute variance error ≤ 2e-6 in float32 over a wide grid; cuTAGI's literal form is
+    off by up to 2e-5 for MixtureTanh and returns v = 2 instead of 0 at m = 1e5."""
+    mu_z, var_z = _grid([-1e5, -8.0, -3.0, -1.1, -0.5, 0.0, 0.7, 1.2, 4.0, 9.0, 1e5],
+                        [0.0, 1e-4, 1e-2, 0.3, 1.0, 10.0])
+    out64 = layer_cls().forward(HiddenStates(mu_z, var_z))
+    out32 = layer_cls().forward(HiddenStates(mu_z.float(), var_z.float()))
+    for got, want in zip((out32.mu_a, out32.var_a, out32.jcb),
+                         (out64.mu_a, out64.var_a, out64.jcb)):
+        assert bool(torch.isfinite(got).all())
+        err = (got.double() - want).abs()
+        assert err.max().item() <= 2e-6 + 1e-6 * want.abs().max().item()
+
+
 def test_mixture_relu_variance_survives_float32_when_mean_dominates():
     """m ≫ s: the rectified variance is ≈ v_Z; the naive E[R²] − μ̃² form loses it in float32."""
     mu_z = torch.tensor([[10.0, 30.0]], dtype=torch.float32)

@@ -50,6 +50,13 @@ def test_signs_and_positivity():
                 assert bool((t > 0).all()), name
 
 
+def test_cap_factor_regimes():
+    """c(B) = 0.1 for B = 1, 2 for 1 < B < 256, 3 for B >= 256 (§6)."""
+    assert [cap_factor(b) for b in (1, 2, 255, 256, 4096)] == [0.1, 2.0, 2.0, 3.0, 3.0]
+    with pytest.raises(ValueError, match="cap batch size must be >= 1, got 0"):
+        cap_factor(0)
+
+
 @pytest.mark.parametrize("batch,cap_batch", [(1, None), (5, None), (256, None), (8, 256)])
 def test_cap_bound(batch, cap_batch):
     """|Δapplied| ≤ sqrt(v_old)/c(B) for means and variances unless the floor fired (§15.5);

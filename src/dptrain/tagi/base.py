@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,9 @@ def capped_update_(params: torch.Tensor, deltas: torch.Tensor, factor: float,
     F.threshold_(params[1], 0.0, VAR_FLOOR)
 
 
+LayerT = TypeVar("LayerT", bound="Layer")
+
+
 class Layer:
     """Base of every layer: `forward(states)`, and `backward(delta, need_input_delta)`.
 
@@ -87,12 +91,45 @@ class Layer:
         innovations for the previous layer's pre-activation Z (None if not `need_input_delta`)."""
         raise NotImplementedError
 
-    def parametric_leaves(self) -> list[ParamLayer]:
-        """Layers owning parameters, nested ones included, in a fixed order."""
-        return []
-
+    # Containers (Sequential now; residual blocks later) list their sub-layers here; the walks
+    # below then give every container the same parameter order, names and labels.
     def named_children(self) -> list[tuple[str, Layer]]:
         return []
+
+    def named_leaves(self, prefix: str = "") -> Iterator[tuple[str, ParamLayer]]:
+        """(path, layer) of every parametric leaf below, depth first ("2", "3.0", …)."""
+        for name, child in self.named_children():
+            if isinstance(child, ParamLayer):
+                yield f"{prefix}{name}", child
+            else:
+                yield from child.named_leaves(f"{prefix}{name}.")
+
+    def parametric_leaves(self) -> list[ParamLayer]:
+        """Layers owning parameters, nested ones included, in a fixed order."""
+        return [leaf for _, leaf in self.named_leaves()]
+
+    def descendants(self) -> Iterator[Layer]:
+        for _, child in self.named_children():
+            yield child
+            yield from child.descendants()
+
+    def set_labels(self, prefix: str = "") -> None:
+        """Name every sub-layer by its position, for error messages: "layer 2.0 (Linear(…))"."""
+        for name, child in self.named_children():
+            child.label = f"layer {prefix}{name} ({child!r})"
+            child.set_labels(f"{prefix}{name}.")
+
+    def train(self: LayerT, mode: bool = True) -> LayerT:
+        """Training mode (default): forwards store what backward needs and record the batch
+        size for the step cap. Returns self."""
+        self.training = mode
+        for _, child in self.named_children():
+            child.train(mode)
+        return self
+
+    def eval(self: LayerT) -> LayerT:
+        """Evaluation mode: forwards change no state used by backward or step."""
+        return self.train(False)
 
     def clear_cache(self) -> None:
         """Drop what the last training forward stored for backward (after a device change)."""
@@ -107,9 +144,6 @@ class ParamLayer(Layer):
     def param_groups(self) -> list[tuple[str, tuple[int, ...]]]:
         """(group, shape) pairs, e.g. [("w", (O, I)), ("b", (O,))], in state_dict order."""
         raise NotImplementedError
-
-    def parametric_leaves(self) -> list[ParamLayer]:
-        return [self]
 
     def named_parameter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for group, _ in self.param_groups():

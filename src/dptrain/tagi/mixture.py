@@ -39,28 +39,38 @@ class MixtureReLU(Activation):
         mu_tilde = std_z * (alpha * cdf + pdf)
         # E[ReLU(Z)²] − μ̃² = v [Φ + αφ(1 − 2Φ) + α² Φ(α) Φ(−α) − φ²]: the same quantity as
         # cuTAGI's `−μ̃² + 2μ̃m − m s φ + (v − m²)Φ`, written so that float32 does not lose the
-        # variance to cancellation between two O(m²) terms when m ≫ s.
-        ratio = cdf + alpha * pdf * (cdf_neg - cdf) + alpha * alpha * cdf * cdf_neg - pdf * pdf
+        # variance to cancellation between two O(m²) terms when m ≫ s. (α Φ)(α Φ(−α)) rather
+        # than α² Φ Φ(−α): α² overflows float32 for a large mean with a near-zero variance.
+        ratio = cdf + alpha * pdf * (cdf_neg - cdf) + (alpha * cdf) * (alpha * cdf_neg) - pdf * pdf
         var_a = (var_z * ratio).clamp_min_(MIXTURE_FLOOR)
         return mu_tilde.clamp_min(MIXTURE_FLOOR), var_a, cdf
 
 
 def _hard_tanh_moments(mu_z: torch.Tensor, var_z: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(m_T, v_T unfloored, J) of T = clip(Z, −1, 1), in cuTAGI's form (TAGI_MATH.md §3)."""
+    """(m_T, v_T unfloored, J) of T = clip(Z, −1, 1) (TAGI_MATH.md §3).
+
+    The same quantities as cuTAGI's `m_T = (m+1)P_l + (m−1)P_u + s(p_l − p_u) − m` and its v_T,
+    computed around k = clip(m_Z, −1, 1): E[T − k] and E[(T − k)²] have no m² terms, which in
+    float32 cancel catastrophically once |m_Z| is a few units (v_T = 2 instead of 0 at
+    m_Z = 1e5). J = P(−1 < Z < 1) = Φ(a_l) + Φ(a_u) − 1 (Stein's lemma).
+    """
     var_z = var_z.clamp_min(_TINY_VAR)
     std_z = var_z.sqrt()
-    a_l = (1.0 + mu_z) / std_z
-    a_u = (1.0 - mu_z) / std_z
-    cdf_l, cdf_u = torch.special.ndtr(a_l), torch.special.ndtr(a_u)
-    pdf_l, pdf_u = _normal_pdf(a_l), _normal_pdf(a_u)
-    mu_sq = mu_z * mu_z
-    mu_t = (mu_z + 1.0) * cdf_l + (mu_z - 1.0) * cdf_u + std_z * (pdf_l - pdf_u) - mu_z
-    var_t = (cdf_l * (var_z - mu_sq - 2.0 * mu_z - 1.0)
-             + cdf_u * (var_z - mu_sq + 2.0 * mu_z - 1.0)
-             + std_z * (pdf_u * (mu_z - 1.0) - pdf_l * (mu_z + 1.0))
-             - mu_t * mu_t + 2.0 * mu_t * mu_z + mu_sq - var_z + 2.0)
-    return mu_t, var_t, cdf_l + cdf_u - 1.0
+    k = mu_z.clamp(-1.0, 1.0)
+    dist = mu_z - k  # 0 inside [−1, 1]
+    lo = (-1.0 - mu_z) / std_z  # −a_l
+    hi = (1.0 - mu_z) / std_z  # a_u
+    below, above = torch.special.ndtr(lo), torch.special.ndtr(-hi)  # P(Z < −1), P(Z > 1)
+    # P(−1 < Z < 1) from the two small tail probabilities on the side where they are small.
+    inside = torch.where(mu_z > 0, torch.special.ndtr(hi) - below,
+                         torch.special.ndtr(-lo) - above)
+    pdf_lo, pdf_hi = _normal_pdf(lo), _normal_pdf(hi)
+    pdf_diff = std_z * (pdf_lo - pdf_hi)
+    e1 = (-1.0 - k) * below + (1.0 - k) * above + dist * inside + pdf_diff  # E[T − k]
+    e2 = ((1.0 + k) ** 2 * below + (1.0 - k) ** 2 * above + (dist * dist + var_z) * inside
+          + 2.0 * dist * pdf_diff + var_z * (lo * pdf_lo - hi * pdf_hi))  # E[(T − k)²]
+    return k + e1, e2 - e1 * e1, inside
 
 
 class MixtureTanh(Activation):

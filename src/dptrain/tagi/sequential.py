@@ -5,15 +5,15 @@ Shape legend: B batch, I input width, N output width, P flat parameter count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from dptrain.tagi import _io
+from dptrain.tagi._inputs import as_input, checked_output_delta, float_dtype
 from dptrain.tagi._pack import ParameterPack
-from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.base import Layer, cap_factor
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 
@@ -59,7 +59,7 @@ class Sequential(Layer):
         self.input_delta_x: DeltaStates | None = None
         self._first_param = next((i for i, layer in enumerate(self.layers)
                                   if not layer.is_activation), len(self.layers))
-        self._set_labels("")
+        self.set_labels()
         leaves = self.parametric_leaves()
         if len({id(leaf) for leaf in leaves}) != len(leaves):
             raise ValueError("Sequential: a layer object appears twice; use separate layers")
@@ -69,43 +69,19 @@ class Sequential(Layer):
         if device is None:
             device = getattr(leaves[0], f"mu_{first}").device if leaves else "cpu"
         self._pack: ParameterPack | None = None
-        self._build_pack(torch.device(device), _float_dtype(dtype))
+        self._build_pack(torch.device(device), float_dtype(dtype))
 
     # ------------------------------------------------------------------ structure
-    def _set_labels(self, prefix: str) -> None:
-        for i, layer in enumerate(self.layers):
-            layer.label = f"layer {prefix}{i} ({layer!r})"
-            if isinstance(layer, Sequential):
-                layer._set_labels(f"{prefix}{i}.")
-
     def named_children(self) -> list[tuple[str, Layer]]:
         return [(str(i), layer) for i, layer in enumerate(self.layers)]
 
-    def named_leaves(self, prefix: str = "") -> Iterator[tuple[str, ParamLayer]]:
-        """(path, layer) of every parametric leaf, depth first; path as in state_dict keys."""
-        for name, layer in self.named_children():
-            if isinstance(layer, Sequential):
-                yield from layer.named_leaves(f"{prefix}{name}.")
-            elif isinstance(layer, ParamLayer):
-                yield f"{prefix}{name}", layer
-
-    def parametric_leaves(self) -> list[ParamLayer]:
-        return [leaf for _, leaf in self.named_leaves()]
-
     def _build_pack(self, device: torch.device, dtype: torch.dtype) -> None:
-        for layer in self.layers:
-            if isinstance(layer, Sequential):
-                layer._release_pack()
+        for layer in self.descendants():
+            if isinstance(layer, Sequential):  # a block: its storage now lives here
+                layer._pack = None
         self._device, self._dtype = device, dtype
         self._pack = ParameterPack(self.parametric_leaves(), dtype, device)
         self.clear_cache()
-
-    def _release_pack(self) -> None:
-        """Called when this Sequential becomes a block of another one, which owns the storage."""
-        for layer in self.layers:
-            if isinstance(layer, Sequential):
-                layer._release_pack()
-        self._pack = None
 
     def _owned_pack(self) -> ParameterPack:
         if self._pack is None:
@@ -169,15 +145,7 @@ class Sequential(Layer):
         if isinstance(mu_x, HiddenStates):
             with torch.no_grad():
                 return self._forward_states(mu_x)
-        mu = self._as_input(mu_x, "mu_x")
-        var = None
-        if var_x is not None:
-            var = self._as_input(var_x, "var_x")
-            if var.shape != mu.shape:
-                raise ValueError(f"var_x must have the shape of mu_x {tuple(mu.shape)}, "
-                                 f"got {tuple(var.shape)}")
-            if self.check_inputs and not bool((var >= 0).all()):
-                raise ValueError(f"var_x must be >= 0, got min {var.min().item()}")
+        mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs)
         with torch.no_grad():
             states = self._forward_states(HiddenStates(mu, var, None))
         if self.training:
@@ -202,7 +170,7 @@ class Sequential(Layer):
         """
         top_level = delta is None
         if top_level:
-            delta = self._checked_output_delta()
+            delta = checked_output_delta(self.output_z_buffer, self.input_delta_z_buffer)
             need_input_delta = self.input_state_update
         with torch.no_grad():
             for i in range(len(self.layers) - 1, self._first_param - 1, -1):
@@ -229,47 +197,7 @@ class Sequential(Layer):
         with torch.no_grad():
             pack.step(cap_factor(batch))
 
-    def _checked_output_delta(self) -> DeltaStates:
-        out, delta = self.output_z_buffer, self.input_delta_z_buffer
-        if out is None or delta.delta_mu is None or delta.delta_var is None:
-            raise RuntimeError("backward() needs forward() and an OutputUpdater update first")
-        for name in ("delta_mu", "delta_var"):
-            got = getattr(delta, name)
-            if got.shape != out.mu_a.shape:
-                raise ValueError(f"input_delta_z_buffer.{name} has shape {tuple(got.shape)}, "
-                                 f"the last forward's output has {tuple(out.mu_a.shape)}")
-        return delta
-
-    def _as_input(self, x: Any, name: str) -> torch.Tensor:
-        if isinstance(x, np.ndarray) and not np.issubdtype(x.dtype, np.number):
-            raise ValueError(f"{name} must be numeric, got dtype {x.dtype}")
-        tensor = torch.as_tensor(x, dtype=self._dtype, device=self._device)
-        if tensor.dim() < 2 or tensor.shape[0] == 0:
-            raise ValueError(f"{name} must have shape (batch, features...) with batch >= 1, "
-                             f"got {tuple(tensor.shape)}")
-        # One reduction instead of a full isfinite pass; a NaN/inf anywhere makes the sum
-        # non-finite, and the exact search below runs only then.
-        if self.check_inputs and not torch.isfinite(tensor.sum()):
-            bad = (~torch.isfinite(tensor)).nonzero()
-            if len(bad):
-                where = tuple(bad[0].tolist())
-                raise ValueError(f"{name} contains {tensor[where].item()} at index {where} "
-                                 f"(of shape {tuple(tensor.shape)}); inputs must be finite")
-        return tensor
-
     # ------------------------------------------------------------------ modes, devices, state
-    def train(self, mode: bool = True) -> Sequential:
-        self.training = mode
-        for layer in self.layers:
-            if isinstance(layer, Sequential):
-                layer.train(mode)
-            else:
-                layer.training = mode
-        return self
-
-    def eval(self) -> Sequential:
-        return self.train(False)
-
     def to(self, *args: torch.device | str | torch.dtype, device: torch.device | str | None = None,
            dtype: torch.dtype | None = None) -> Sequential:
         """Move and/or cast in place: `to("cuda")`, `to(torch.float64)`, `to(device, dtype)`.
@@ -284,7 +212,7 @@ class Sequential(Layer):
                 device = arg
         self._owned_pack()
         self._build_pack(torch.device(device) if device is not None else self._device,
-                         _float_dtype(dtype) if dtype is not None else self._dtype)
+                         float_dtype(dtype) if dtype is not None else self._dtype)
         return self
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -315,8 +243,3 @@ class Sequential(Layer):
         inner = ", ".join(repr(layer) for layer in getattr(self, "layers", []))
         return f"Sequential({inner})"
 
-
-def _float_dtype(dtype: torch.dtype) -> torch.dtype:
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    return dtype
