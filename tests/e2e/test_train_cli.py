@@ -45,7 +45,7 @@ def test_default_main_job_trains_digits_on_two_processes(tmp_path):
 
 
 def test_a_rank_killed_mid_epoch_resumes_bit_exactly(tmp_path):
-    """Contract 3: SIGKILL rank 1 at step 25 (mid-epoch 2, last checkpoint at step 20); torchrun
+    """Contract 3: SIGKILL rank 1 at step 25 (mid-epoch 1, last checkpoint at step 20); torchrun
     restarts the job, it resumes from the checkpoint and ends with the same parameters."""
     common = ["train", "--epochs", "2", "--checkpoint-every", "10", "--no-progress"]
     clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
@@ -108,3 +108,23 @@ def test_regression_writes_rmse_log_likelihood_and_the_band_plot(tmp_path):
     summary = _summary(out)
     assert summary["test_rmse"] > 0 and "test_log_likelihood" in summary
     assert (out / "predictions.png").stat().st_size > 1000
+
+
+def test_resuming_on_another_world_size_works_from_an_epoch_end_only(tmp_path, capsys):
+    """Epoch-end checkpoints of a TAGI run resume on any world size (the model is replicated);
+    a mid-epoch one refuses, saying why, because its sampler position means other samples."""
+    import shutil
+
+    first = tmp_path / "two"
+    result = run(dptrain_cmd("train", "--epochs", "1", "--checkpoint-every", "10",
+                             "--no-progress", "--out", str(first)), timeout_s=180)
+    assert result.returncode == 0, result.output
+    steps = sorted(p.name for p in (first / "checkpoints").glob("step-*"))
+    assert steps == ["step-00000030", "step-00000040", "step-00000045"]  # 45 steps, keep 3
+    shutil.copytree(first, tmp_path / "mid")
+    assert _train_in_process(first, "--epochs", "2") == 0
+    assert _summary(first)["final_epoch"] == 2 and _summary(first)["world_size"] == 1
+    assert "resumed from" in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "mid" / "checkpoints" / "step-00000045")
+    assert _train_in_process(tmp_path / "mid", "--epochs", "2") == 4  # CheckpointError
+    assert "saved mid-epoch on 2 rank(s), this run has 1" in capsys.readouterr().err

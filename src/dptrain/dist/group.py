@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
@@ -82,6 +82,11 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
     """
     env = resolve_env() if env is None else env
     if dist.is_available() and dist.is_initialized():
+        group = (dist.get_rank(), dist.get_world_size())
+        if (env.rank, env.world_size) != group:
+            # Started by the caller (a FileStore, a test harness): the group is the truth.
+            env = replace(env, rank=group[0], world_size=group[1], local_rank=group[0],
+                          local_world_size=group[1])
         used = dist.get_backend()
         return Runtime(env, used, device_for(env, used), timeout)
     if not env.is_distributed:

@@ -1,0 +1,50 @@
+"""The Trainer's distributed evaluation on 2 real ranks (DESIGN contract 5)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dptrain.data import ArrayDataset, Split, load_digits
+from dptrain.dist import init_distributed
+from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
+from dptrain.tagi import manual_seed
+from dptrain.train import TrainConfig, Trainer
+from tests._world import run_world
+
+pytestmark = pytest.mark.dist
+
+
+def _eval_both_ways(rank: int, world_size: int) -> dict:
+    digits = load_digits()
+    # 359 test samples: the ranks hold 180 and 179, so padding would show up as a wrong count.
+    split = Split(name="digits-359", task="classification", num_classes=10, train=digits.train,
+                  test=ArrayDataset(*digits.test[:359]))
+    manual_seed(0)
+    learner = TagiLearner(tagi_mlp(64, 11, hidden=32), task="classification", num_classes=10)
+    runtime = init_distributed()
+    trainer = Trainer(learner, split, TrainConfig(out_dir=Path(tempfile.mkdtemp()),
+                                                  progress=False, eval_batch_size=64), runtime)
+    learner.setup(runtime)
+    for _ in range(2):  # a little training so that predictions are not trivial
+        trainer.sampler.set_epoch(_)
+        trainer._train_epoch()
+    distributed = trainer._evaluate()
+    # Single-process evaluation of the same (replicated) model over the whole test set, here.
+    wrong = count = 0.0
+    for start in range(0, len(split.test), 100):
+        m = learner.eval_step(split.test[list(range(start, min(start + 100, len(split.test))))])
+        wrong, count = wrong + m["error"][0], count + m["error"][1]
+    return {"distributed": distributed["test_error"], "single": wrong / count, "count": count,
+            "local_share": len(trainer.eval_sampler)}
+
+
+def test_distributed_evaluation_counts_every_sample_once():
+    results = run_world(_eval_both_ways, world_size=2, timeout_s=120)
+    assert sorted(r["local_share"] for r in results) == [179, 180]
+    for r in results:
+        assert r["count"] == 359
+        assert r["distributed"] == r["single"] == results[0]["single"]
+        assert 0 < r["single"] < 0.5
