@@ -67,9 +67,9 @@ def test_batch_mismatch_between_forward_and_update(net):
 
 
 def test_backward_with_delta_from_another_batch(net):
-    net(torch.zeros(8, 4))
-    _update(net, 8)
     net(torch.zeros(4, 4))
+    net.input_delta_z_buffer.delta_mu = torch.zeros(8, 11)  # innovations of another batch
+    net.input_delta_z_buffer.delta_var = torch.zeros(8, 11)
     with pytest.raises(ValueError, match=r"delta_mu has shape \(8, 11\).*output has \(4, 11\)"):
         net.backward()
 
@@ -112,11 +112,24 @@ def test_call_order_errors(net):
         net.backward()
     with pytest.raises(RuntimeError, match=r"step\(\) needs a forward in training mode"):
         net.step()
+    net(torch.zeros(2, 4))
+    _update(net, 2)
+    net.backward()
+    net(torch.ones(2, 4))  # a new batch: the old innovations must not be reused silently
+    with pytest.raises(RuntimeError, match=r"backward\(\) needs forward\(\) and an OutputUpdater"):
+        net.backward()
     net.eval()
     net(torch.zeros(2, 4))
     _update(net, 2)
-    with pytest.raises(RuntimeError, match=r"layer 2 .*needs a forward in training mode"):
+    with pytest.raises(RuntimeError, match=r"needs the last forward in training mode"):
         net.backward()
+    fresh = Sequential(Linear(4, 2))
+    fresh.layers[0].training = False  # a layer never run in training mode has nothing stored
+    fresh(torch.zeros(1, 4))
+    OutputUpdater().update(fresh.output_z_buffer, torch.zeros(1, 2), 0.1,
+                           fresh.input_delta_z_buffer)
+    with pytest.raises(RuntimeError, match=r"layer 0 .*needs a forward in training mode"):
+        fresh.backward()
 
 
 def test_bad_construction():

@@ -6,7 +6,7 @@ Shape legend: B batch, I input width, N output width, P flat parameter count.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -57,6 +57,7 @@ class Sequential(Layer):
         self.output_z_buffer: HiddenStates | None = None
         self.input_delta_z_buffer = DeltaStates()
         self.input_delta_x: DeltaStates | None = None
+        self._last_forward_trained = False
         self._first_param = next((i for i, layer in enumerate(self.layers)
                                   if not layer.is_activation), len(self.layers))
         self.set_labels()
@@ -99,10 +100,12 @@ class Sequential(Layer):
     # ------------------------------------------------------------------ properties
     @property
     def device(self) -> torch.device:
+        """Where parameters and states live; inputs are moved here by `forward`."""
         return self._device
 
     @property
     def dtype(self) -> torch.dtype:
+        """torch.float32 (default) or torch.float64; inputs are cast to it by `forward`."""
         return self._dtype
 
     @property
@@ -133,23 +136,32 @@ class Sequential(Layer):
                 for name, tensor in leaf.named_delta_tensors()]
 
     # ------------------------------------------------------------------ the loop
+    @overload
+    def forward(self, mu_x: HiddenStates, var_x: None = None) -> HiddenStates: ...
+
+    @overload
+    def forward(self, mu_x: Any, var_x: Any = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
     def forward(self, mu_x: Any, var_x: Any = None) -> Any:
         """Propagate moments; returns (mu, var) of the output, each (B, N) torch tensors.
 
         `mu_x`: (B, I) (or (B, C, H, W)) tensor or array, converted to the network's dtype and
         device; `var_x`: its variances (default 0). Raises ValueError for NaN/inf or negative
         input variances, and (from the first layer) for a wrong input shape. In training mode
-        the batch size is recorded for the step cap. Given a `HiddenStates` (the call of an
-        enclosing Sequential) it returns `HiddenStates`.
+        the batch size is recorded for the step cap. The innovations of an earlier update are
+        discarded, so a `backward()` without a fresh update fails instead of reusing them.
+        Given a `HiddenStates` (the call of an enclosing Sequential) it returns `HiddenStates`.
         """
         if isinstance(mu_x, HiddenStates):
             with torch.no_grad():
                 return self._forward_states(mu_x)
+        self.input_delta_z_buffer.delta_mu = self.input_delta_z_buffer.delta_var = None
         mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs)
         with torch.no_grad():
             states = self._forward_states(HiddenStates(mu, var, None))
         if self.training:
             self.last_batch_size = mu.shape[0]
+        self._last_forward_trained = self.training
         self.output_z_buffer = states
         return states.mu_a, states.var_or_zeros()
 
@@ -171,6 +183,9 @@ class Sequential(Layer):
         top_level = delta is None
         if top_level:
             delta = checked_output_delta(self.output_z_buffer, self.input_delta_z_buffer)
+            if not self._last_forward_trained:
+                raise RuntimeError("backward() needs the last forward in training mode "
+                                   "(net.train()); it was an evaluation forward")
             need_input_delta = self.input_state_update
         with torch.no_grad():
             for i in range(len(self.layers) - 1, self._first_param - 1, -1):
