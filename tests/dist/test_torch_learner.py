@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -243,7 +244,10 @@ def _fsdp_checks(rank: int, world_size: int, ckpt_dir: str) -> dict:
 
 
 def _all_checks(rank: int, world_size: int, ckpt_dir: str) -> dict:
-    return {"ddp": _ddp_checks(rank, world_size), "fsdp": _fsdp_checks(rank, world_size, ckpt_dir)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as strict as pytest's filterwarnings, in the ranks too
+        return {"ddp": _ddp_checks(rank, world_size),
+                "fsdp": _fsdp_checks(rank, world_size, ckpt_dir)}
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ size (the ShardedSampler's train mode guarantees it).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import warnings
@@ -218,6 +219,11 @@ def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module
 
 
 _GLOBAL_BATCHNORMS = (nn.SyncBatchNorm, AllReduceBatchNorm)
+# torch 2.13 renamed DDP's broadcast_buffers to forward_sync_buffers (the old name warns).
+_NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,11 +340,14 @@ class TorchLearner:
     def _ddp_wrap(self, module: nn.Module) -> nn.Module:
         if not self._distributed:
             return module
-        # DDP broadcasts parameters and buffers from rank 0 here. broadcast_buffers=False: it
-        # would re-broadcast buffers before every forward (every micro-batch); we broadcast the
-        # few that differ once per optimizer step instead (_sync_buffers).
+        # DDP broadcasts rank 0's parameters here; buffers we broadcast ourselves, because
+        # whether DDP does with its per-forward buffer sync off depends on the torch version.
+        # That sync would re-broadcast buffers before every forward (every micro-batch); we
+        # broadcast the few that can differ once per optimizer step instead (_sync_buffers).
+        with torch.no_grad():
+            broadcast_tensors(list(module.buffers()))
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+        return DistributedDataParallel(module, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
 
     def _fsdp_wrap(self, module: nn.Module) -> nn.Module:
         if not self._distributed:
