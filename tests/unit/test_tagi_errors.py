@@ -45,9 +45,9 @@ def test_non_finite_inputs(net, bad):
 def test_bad_input_variance_and_shapes(net):
     with pytest.raises(ValueError, match=r"var_x must be >= 0, got min -1"):
         net(torch.zeros(2, 4), -torch.ones(2, 4))
-    with pytest.raises(ValueError, match=r"var_x must have the shape of mu_x \(2, 4\), got \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"shape of mu_x \(2, 4\), got \(2, 3\)"):
         net(torch.zeros(2, 4), torch.ones(2, 3))
-    with pytest.raises(ValueError, match=r"mu_x must have shape \(batch, features...\).*got \(4,\)"):
+    with pytest.raises(ValueError, match=r"mu_x must have shape \(batch, feat.*got \(4,\)"):
         net(torch.zeros(4))
     with pytest.raises(ValueError, match=r"mu_x must be numeric"):
         net(np.array([["a"] * 4]))
