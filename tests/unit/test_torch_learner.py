@@ -185,9 +185,6 @@ def test_metrics_are_sums_and_counts(runtime):
     learner = _ready(runtime, model=_classifier(), loss=nn.CrossEntropyLoss(),
                      accumulation_steps=2)
     x, y = _labels(9)
-    model = copy.deepcopy(learner.module)
-    with torch.no_grad():
-        logits = model.train()(x)  # BatchNorm in train mode, as the first micro-batch sees it
     train = learner.train_step((x, y))
     assert set(train) == {"loss", "error"} and train["loss"][1] == 9.0
     assert train["error"][1] == 9.0 and 0 <= train["error"][0] <= 9

@@ -22,6 +22,7 @@ size (the ShardedSampler's train mode guarantees it).
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import math
 import os
@@ -544,7 +545,7 @@ class TorchLearner:
         model keys (a DDP-wrapped torch checkpoint) is accepted."""
         self._require_setup()
         _check_state(state, self.config.strategy)
-        model = dict(state["model"])
+        model = copy.copy(state["model"])  # keeps torch's _metadata (module versions)
         consume_prefix_in_state_dict_if_present(model, "module.")
         try:
             if self.is_sharded:
