@@ -386,19 +386,23 @@ class TorchLearner:
         """
         wrapped = self._require_setup()
         x, y = self._to_device(_check_batch(batch, allow_empty=False))
-        wrapped.train()
+        if not self._module.training:  # train() walks every submodule: only after eval
+            wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
         n = x.shape[0]
         k = min(self.config.accumulation_steps, n)
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for i, (xi, yi) in enumerate(zip(x.tensor_split(k), y.tensor_split(k))):
+        parts = [(x, y)] if k == 1 else list(zip(x.tensor_split(k), y.tensor_split(k)))
+        totals = None
+        for i, (xi, yi) in enumerate(parts):
             with self._gradient_sync(is_last=i == k - 1):
                 with self._autocast():
                     out = wrapped(xi)
                     loss = self._loss(out, yi)
-                self._backward(loss * (xi.shape[0] / n))
-            totals += self._batch_stats(out, loss, yi)
-        loss_sum, metric_sum = totals.tolist()
+                share = xi.shape[0] / n
+                self._backward(loss if k == 1 else loss * share)
+            stats = self._batch_stats(out, loss, yi)
+            totals = stats if totals is None else totals + stats
+        loss_sum, metric_sum = totals.tolist()  # the step's one host sync
         if not math.isfinite(loss_sum):
             raise FloatingPointError(
                 f"train step {self.num_optimizer_steps}: the loss is {loss_sum} on this rank; the "
