@@ -10,6 +10,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, manual_seed
+from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 #: pytagi 0.2.1, same protocol: mean test error over seeds 0, 1, 2 (range 1.94-3.33 %).
 PYTAGI_DIGITS_ERROR = 2.59
@@ -48,7 +49,6 @@ def _digits_error(seed: int, data) -> float:
 
 def test_digits_matches_or_beats_pytagi():
     """FNN 64-128-128-11, HRC, batch 32, σ_v = 0.05, 10 epochs, stratified 1437/360 split."""
-    torch.set_num_threads(1)  # deterministic summation order; conftest restores the count
     data = _digits()
     assert len(data[0]) == 1437 and len(data[2]) == 360
     errors = [_digits_error(seed, data) for seed in range(3)]
@@ -60,7 +60,6 @@ def test_toy_regression_band_covers_the_data(seed):
     """y = x³ + ε, ε ~ N(0, 9), 20 training points on [-4, 4]: the ±3σ predictive band
     (network variance plus observation noise) covers ≥ 95 % of 200 fresh test points, and it is
     informative (mean predictive σ below three times the noise σ)."""
-    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(seed)
     noisy_cube = lambda x: x**3 + 3.0 * torch.randn(x.shape, generator=g)  # noqa: E731
     x = torch.rand(20, 1, generator=g) * 8 - 4
