@@ -354,7 +354,10 @@ class TorchLearner:
         if not self._distributed:
             return module
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6 kept FSDP2 under its prototype name
+            from torch.distributed._composable.fsdp import fully_shard
 
         # fully_shard keeps each rank's own slice of its local tensors: make them equal first.
         with torch.no_grad():
