@@ -72,7 +72,7 @@ with distributed() as rt:
         # Every rank evaluates its own slice of the test set once; sums over ranks are exact.
         test = learner.eval_step((x_test[rank::world_size], y_test[rank::world_size]))
         train_loss = means(reduce_sum_count(totals))["loss"]
-        test_mse = means(reduce_sum_count(test))["squared_error"]
+        test_mse = means(reduce_sum_count(test))["mse"]
         rank_zero_print(f"epoch {epoch}: train loss {train_loss:.4f}  test mse {test_mse:.4f}")
 
     state = learner.model_state_dict()  # plain names: loads into `model` without DDP

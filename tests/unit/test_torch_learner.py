@@ -197,7 +197,7 @@ def test_metrics_are_sums_and_counts(runtime):
     assert metrics["error"] == (float((logits.argmax(1) != y).sum()), 9.0)
     assert learner.eval_step((x[:0], y[:0])) == {"loss": (0.0, 0.0), "error": (0.0, 0.0)}
     regression = _ready(runtime).eval_step(_regression(4))
-    assert set(regression) == {"loss", "squared_error"} and regression["squared_error"][1] == 20
+    assert set(regression) == {"loss", "mse"} and regression["mse"][1] == 20
 
 
 def test_eval_step_changes_nothing(runtime):

@@ -383,7 +383,7 @@ class TorchLearner:
 
         Each micro-batch loss is weighted by its share of the batch, so the accumulated gradient
         is that of the mean loss over the whole batch however unevenly it splits. Returns
-        `loss` (sum over samples), `error` or `squared_error`, and `grad_norm` (pre-clipping,
+        `loss` (sum over samples), `error` or `mse`, and `grad_norm` (pre-clipping,
         count 1) when clipping. Raises FloatingPointError before stepping if the loss is not
         finite, leaving the parameters untouched.
         """
@@ -482,7 +482,7 @@ class TorchLearner:
         if self.task == "classification":
             labels = y.shape[0] * math.prod(y.shape[2:]) if y.is_floating_point() else y.numel()
             return {"loss": (loss_sum, float(n)), "error": (metric_sum, float(labels))}
-        return {"loss": (loss_sum, float(n)), "squared_error": (metric_sum, float(y.numel()))}
+        return {"loss": (loss_sum, float(n)), "mse": (metric_sum, float(y.numel()))}
 
     def _optimizer_step(self) -> float | None:
         """Unscale, clip, step, update the scaler and scheduler; the pre-clip norm if clipping."""
