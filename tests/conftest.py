@@ -13,6 +13,9 @@ import torch.distributed as dist
 def _clean_process_state():
     saved_env = dict(os.environ)
     threads = torch.get_num_threads()
+    # One thread: on 2 shared cores a second thread makes every small op wait for the other
+    # process (measured: ms-long stalls), and results do not depend on the thread count here.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     yield
     if dist.is_available() and dist.is_initialized():

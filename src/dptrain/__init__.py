@@ -1,10 +1,18 @@
 """dptrain: data-parallel training of gradient and TAGI learners on torch.distributed.
 
+    from dptrain import Trainer, TrainConfig, TagiLearner, TorchLearner, init_distributed
+
 Importing dptrain starts no process group and reads no environment.
 """
 
+from dptrain import tagi
+from dptrain.data import ShardedSampler
 from dptrain.dist import DistEnv, init_distributed
+from dptrain.learners import TorchLearner
+from dptrain.learners.tagi_learner import TagiLearner
+from dptrain.train import TrainConfig, Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["DistEnv", "__version__", "init_distributed"]
+__all__ = ["DistEnv", "ShardedSampler", "TagiLearner", "TorchLearner", "TrainConfig", "Trainer",
+           "__version__", "init_distributed", "tagi"]

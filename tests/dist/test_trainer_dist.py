@@ -48,3 +48,33 @@ def test_distributed_evaluation_counts_every_sample_once():
         assert r["count"] == 359
         assert r["distributed"] == r["single"] == results[0]["single"]
         assert 0 < r["single"] < 0.5
+
+
+def _fsdp_eval(rank: int, world_size: int) -> dict:
+    from dptrain.learners.recipes import make_learner
+
+    digits = load_digits()
+    split = Split(name="digits-359", task="classification", num_classes=10, train=digits.train,
+                  test=ArrayDataset(*digits.test[:359]))
+    import torch
+
+    torch.manual_seed(0)
+    learner = make_learner("torch-mlp", strategy="fsdp")
+    # Eval batches of 179: rank 0 (180 samples) takes 2 batches, rank 1 (179 samples) only 1.
+    trainer = Trainer(learner, split, TrainConfig(out_dir=Path(tempfile.mkdtemp()),
+                                                  progress=False, eval_batch_size=179),
+                      init_distributed())
+    learner.setup(trainer.runtime)
+    sharded = trainer._evaluate()
+    wrong = 0.0
+    for start in range(0, 359, 100):  # the same model, every sample, on both ranks in step
+        m = learner.eval_step(split.test[list(range(start, min(start + 100, 359)))])
+        wrong += m["error"][0]
+    return {"sharded": sharded["test_error"], "single": wrong / 359}
+
+
+def test_sharded_evaluation_with_unequal_batch_counts_counts_every_sample_once():
+    """FSDP all-gathers weights inside every eval step: the rank with fewer batches must take
+    empty steps, or the other rank hangs (this test would time out)."""
+    for r in run_world(_fsdp_eval, world_size=2, timeout_s=120):
+        assert r["sharded"] == r["single"]

@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("hidden", int, "width of the hidden layers"),
             ("sigma-v", float, "TAGI observation noise σ_v"),
             ("lr", float, "learning rate (torch models)"),
+            ("accumulation-steps", int, "torch models: micro-batches per optimizer step"),
             ("checkpoint-every", int, "also checkpoint every STEPS steps (0: epoch ends only)"),
             ("keep-last", int, "checkpoints kept"),
             ("patience", int, "early stopping patience in epochs (0: off)"),
@@ -37,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default = docs[flag.replace("-", "_")][0]
         p.add_argument(f"--{flag}", type=kind, help=f"{text} (default {default})")
     p.add_argument("--precision", help="32 or 64 for TAGI; 32, bf16, fp16 for torch")
+    p.add_argument("--strategy", choices=("ddp", "fsdp"), help="torch models (default ddp)")
     p.add_argument("--average", action="store_true", default=None,
                    help="TAGI: average the deltas over ranks (pytagi) instead of summing")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<time>)")

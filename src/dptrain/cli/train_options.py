@@ -42,8 +42,12 @@ class TrainOptions:
     """TAGI observation noise σ_v (normalised units)."""
     average: bool = False
     """TAGI data-parallel mode: False sums the deltas (large-batch update), True averages."""
-    lr: float = 0.05
-    """Learning rate of the torch recipes' optimizer."""
+    lr: float = 3e-3
+    """Learning rate of the torch recipes' optimizer (Adam)."""
+    strategy: str = "ddp"
+    """Torch models: ddp (replicated) or fsdp (FSDP2 fully_shard, sharded checkpoints)."""
+    accumulation_steps: int = 1
+    """Torch models: micro-batches per optimizer step (one all-reduce per step)."""
     out: str = ""
     """Run directory; empty: runs/<model>-<dataset>-<time>."""
     checkpoint_every: int = 0
@@ -74,7 +78,10 @@ class TrainOptions:
                               f"or 64")
         if self.model in TORCH_MODELS and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
-        for name in ("nproc", "epochs", "batch_size", "hidden", "keep_last"):
+        if self.strategy not in ("ddp", "fsdp"):
+            raise bad("strategy", "ddp or fsdp")
+        for name in ("nproc", "epochs", "batch_size", "hidden", "keep_last",
+                     "accumulation_steps"):
             if getattr(self, name) < 1:
                 raise bad(name, "an integer >= 1")
         for name in ("checkpoint_every", "patience", "max_restarts"):

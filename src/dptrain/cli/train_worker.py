@@ -39,9 +39,17 @@ def build_learner(options: TrainOptions, split: Split):
         y_scale = split.y_norm.std if split.y_norm is not None else None
         return TagiLearner(model, task=split.task, num_classes=split.num_classes,
                            sigma_v=options.sigma_v, average=options.average, y_scale=y_scale)
-    from dptrain.learners.recipes import build_torch_learner
+    from dptrain.learners.recipes import make_learner
 
-    return build_torch_learner(options, split)
+    if split.task != "classification" or split.num_classes != 10 or \
+            split.input_shape not in ((64,), (1, 8, 8)):
+        raise ConfigError(f"model {options.model} is built for the 8x8 digits (64 inputs, 10 "
+                          f"classes); dataset {options.dataset} is {split!r}")
+    recipe = {"lr": options.lr, **({"hidden": options.hidden}
+                                   if options.model == "torch-mlp" else {})}
+    return make_learner(options.model, recipe_options=recipe, precision=options.precision,
+                        strategy=options.strategy,
+                        accumulation_steps=options.accumulation_steps)
 
 
 def train_config(options: TrainOptions, split: Split) -> TrainConfig:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from dptrain import dist as dd
-from dptrain.data import ArrayDataset, ShardedSampler, Split
+from dptrain.data import ArrayDataset, ShardedSampler, Split, num_samples_per_rank
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.protocol import Learner, Metrics
 from dptrain.train import checkpoint as ckpt
@@ -165,7 +165,15 @@ class Trainer:
         """Every test sample exactly once over the ranks (contract 5), reduced as sums."""
         sums: Metrics = {}
         self.eval_sampler.set_position(0)
-        for indices in self.eval_sampler.batches(self.config.eval_batch_size):
+        batches = list(self.eval_sampler.batches(self.config.eval_batch_size))
+        if getattr(self.learner, "eval_is_collective", False):
+            # A sharded model all-gathers its weights inside every eval step, so every rank
+            # must take as many steps as rank 0 (which holds the most samples): pad with
+            # empty batches, which count nothing.
+            most = num_samples_per_rank(len(self.split.test), self.world_size, 0, mode="eval")
+            empty = torch.zeros(0, dtype=torch.long)
+            batches += [empty] * (math.ceil(most / self.config.eval_batch_size) - len(batches))
+        for indices in batches:
             for name, (s, c) in self.learner.eval_step(self._batch(self.split.test,
                                                                    indices)).items():
                 total = sums.get(name, (0.0, 0.0))
