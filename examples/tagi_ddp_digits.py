@@ -11,7 +11,6 @@ Each rank trains on its own disjoint shard; the test error is reduced exactly ov
 
 import argparse
 
-import torch
 from tqdm import tqdm
 
 from dptrain.data import ArrayDataset, ShardedSampler, load_digits, load_mnist

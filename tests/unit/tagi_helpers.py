@@ -5,20 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
 import torch
 
 from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential
 
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def single_thread() -> None:
-    """Test modules import this autouse fixture: one intra-op thread. On a shared 2-core box a
-    second OpenMP/MKL thread makes even 32×16 matmuls wait a scheduler slice (~8 ms each,
-    measured), turning millisecond tests into seconds. conftest restores the thread count."""
-    torch.set_num_threads(1)
 
 
 def gen(seed: int) -> torch.Generator:

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from dptrain.tagi import (HiddenStates, LeakyReLU, MixtureReLU, MixtureSigmoid, MixtureTanh, ReLU,
                           Sigmoid, Softplus, Tanh)
 from tests.unit.tagi_helpers import F64, assert_close_mc, gen, monte_carlo
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 N_SAMPLES = 200_000
 MIXTURE_CASES = {  # (layer, the function it moment-matches)

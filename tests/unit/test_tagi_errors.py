@@ -10,7 +10,6 @@ from dptrain.errors import CheckpointError
 from dptrain.tagi import (HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, Softplus,
                           manual_seed)
 from tests.unit.tagi_helpers import hrc_step
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dptrain.tagi import HRCSoftmax
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 K10_INDEX_TABLE = [[1, 2, 4, 7], [1, 2, 4, 7], [1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 5, 9],
                    [1, 2, 5, 9], [1, 2, 5, 10], [1, 2, 5, 10], [1, 3, 6, 11], [1, 3, 6, 11]]

@@ -10,7 +10,6 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, manual_seed
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 #: pytagi 0.2.1, same protocol: mean test error over seeds 0, 1, 2 (range 1.94-3.33 %).
 PYTAGI_DIGITS_ERROR = 2.59

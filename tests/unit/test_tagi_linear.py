@@ -11,7 +11,6 @@ import torch
 from dptrain.tagi import HiddenStates, Linear, Sequential, manual_seed
 from dptrain.tagi.states import DeltaStates
 from tests.unit.tagi_helpers import F64, assert_close_mc, gen, monte_carlo, regression_step
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 
 def _layer(seed: int, in_features: int = 3, out_features: int = 2) -> Linear:

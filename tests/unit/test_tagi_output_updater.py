@@ -7,7 +7,6 @@ import torch
 
 from dptrain.tagi import DeltaStates, HiddenStates, Linear, OutputUpdater, Sequential, manual_seed
 from tests.unit.tagi_helpers import F64, gen
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 
 def _output(jcb: bool = False) -> HiddenStates:

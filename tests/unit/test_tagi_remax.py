@@ -13,7 +13,6 @@ import torch
 
 from dptrain.tagi import HiddenStates, Remax
 from tests.unit.tagi_helpers import F64, gen, monte_carlo
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 
 def _phi(x: float) -> float:

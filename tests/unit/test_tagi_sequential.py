@@ -9,7 +9,6 @@ from dptrain.tagi import (HRCSoftmax, Linear, MixtureReLU, MixtureTanh, ReLU, Re
                           Sigmoid, cap_factor, manual_seed)
 from dptrain.tagi.base import VAR_FLOOR
 from tests.unit.tagi_helpers import F64, deltas, gen, hrc_step, regression_step
-from tests.unit.tagi_helpers import single_thread  # noqa: F401 (autouse fixture)
 
 
 def _mlp(dtype: torch.dtype = torch.float32, seed: int = 0) -> Sequential:

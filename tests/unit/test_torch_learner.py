@@ -14,7 +14,7 @@ from dptrain.dist import init_distributed, resolve_env
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners import AllReduceBatchNorm, Learner, TorchLearner, TorchLearnerConfig
 from dptrain.learners import torch_learner
-from dptrain.learners.torch_learner import convert_sync_batchnorm
+from dptrain.learners.batchnorm import convert_sync_batchnorm
 
 SGD = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 ADAM = functools.partial(torch.optim.Adam, lr=1e-2)

@@ -9,7 +9,8 @@
 """
 
 from dptrain.learners.protocol import Batch, Learner, Metrics
-from dptrain.learners.torch_learner import AllReduceBatchNorm, TorchLearner, TorchLearnerConfig
+from dptrain.learners.batchnorm import AllReduceBatchNorm
+from dptrain.learners.torch_learner import TorchLearner, TorchLearnerConfig
 
 __all__ = ["AllReduceBatchNorm", "Batch", "Learner", "Metrics", "TorchLearner",
            "TorchLearnerConfig"]
