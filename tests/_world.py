@@ -80,7 +80,8 @@ def _outputs(workdir: str, world_size: int) -> str:
 
 
 def run_world(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 90,
-              init: str = "file", env: dict[str, str] | None = None) -> list[Any]:
+              init: str = "file", env: dict[str, str] | None = None,
+              group_timeout_s: float | None = None) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` spawned ranks; return their results.
 
     `init`: "file" (group started here over a FileStore), "env" (rendezvous variables set, the
@@ -90,9 +91,10 @@ def run_world(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s
     rank_env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
     if init == "env":
         rank_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    # A third of the deadline: a missing peer then fails inside the collective, named, before
-    # the outer deadline has to kill anything.
-    group_timeout_s = max(5.0, timeout_s / 3)
+    # By default a third of the deadline: a missing peer then fails inside the collective,
+    # named, before the outer deadline has to kill anything.
+    if group_timeout_s is None:
+        group_timeout_s = max(5.0, timeout_s / 3)
     ctx = mp.start_processes(_rank_main, args=(fn, world_size, workdir, init, group_timeout_s,
                                                args, rank_env),
                              nprocs=world_size, join=False, start_method="spawn")
