@@ -45,6 +45,8 @@ NUM_CLASSES = 10
 #: Issue 3's targets for ours/pytagi, per batch size.
 TARGETS = {32: 4.0, 256: 8.0}
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
+                   "KMP_BLOCKTIME", "OPENBLAS_CORETYPE")
 
 
 class Runner(Protocol):
@@ -356,13 +358,16 @@ def report(args: argparse.Namespace, rows: list[dict], versions: dict,
     return {
         "benchmark": "tagi_vs_pytagi",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": shlex.join(sys.orig_argv),
+        "command": " ".join([f"{k}={shlex.quote(os.environ[k])}" for k in THREAD_ENV_VARS
+                             if k in os.environ] + [shlex.join(sys.orig_argv)]),
         "git": git_describe(),
         "hardware": hardware(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
                      "pytagi": versions["pytagi"], "pytagi_numpy": versions["numpy"]},
+        # Threading knobs change torch's figures a lot on a shared machine (see README).
+        "environment": {k: os.environ.get(k) for k in THREAD_ENV_VARS},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
                     | {"network": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
                        "head": "HRC, 10 classes, 11 outputs, 4 observations/sample",
