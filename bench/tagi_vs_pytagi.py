@@ -300,6 +300,14 @@ def git_describe() -> str | None:
     return out.stdout.strip()
 
 
+def _display_path(path: Path) -> str:
+    """Relative to the repository when inside it: results carry no machine-specific paths."""
+    try:
+        return str(path.resolve().relative_to(BENCH_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")  # rename, so a killed run never leaves half a file
@@ -368,7 +376,8 @@ def report(args: argparse.Namespace, rows: list[dict], versions: dict,
                      "pytagi": versions["pytagi"], "pytagi_numpy": versions["numpy"]},
         # Threading knobs change torch's figures a lot on a shared machine (see README).
         "environment": {k: os.environ.get(k) for k in THREAD_ENV_VARS},
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        "settings": {k: (_display_path(v) if isinstance(v, Path) else v)
+                     for k, v in vars(args).items()}
                     | {"network": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
                        "head": "HRC, 10 classes, 11 outputs, 4 observations/sample",
                        "data": "synthetic MNIST-shaped, 8192 train / 2048 test, fixed seed"},
