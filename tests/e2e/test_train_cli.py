@@ -128,3 +128,13 @@ def test_resuming_on_another_world_size_works_from_an_epoch_end_only(tmp_path, c
     shutil.rmtree(tmp_path / "mid" / "checkpoints" / "step-00000045")
     assert _train_in_process(tmp_path / "mid", "--epochs", "2") == 4  # CheckpointError
     assert "saved mid-epoch on 2 rank(s), this run has 1" in capsys.readouterr().err
+
+
+def test_torch_recipe_through_the_same_trainer(tmp_path):
+    out = tmp_path / "torch"
+    assert _train_in_process(out, "--model", "torch-mlp", "--epochs", "2",
+                             "--accumulation-steps", "2") == 0
+    summary = _summary(out)
+    assert summary["test_error"] < 0.15 and (out / "checkpoints" / "best").is_dir()
+    assert _train_in_process(tmp_path / "bad", "--model", "torch-cnn", "--dataset",
+                             "diabetes") == 2  # a clear ConfigError, not a shape crash
