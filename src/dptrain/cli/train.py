@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("checkpoint-every", int, "also checkpoint every STEPS steps (0: epoch ends only)"),
             ("keep-last", int, "checkpoints kept"),
             ("patience", int, "early stopping patience in epochs (0: off)"),
-            ("max-restarts", int, "restart the job up to K times; each restart resumes")):
+            ("max-restarts", int, "restart the job up to K times; each restart resumes"),
+            ("timeout", float, "seconds a collective waits for a missing rank")):
         default = docs[flag.replace("-", "_")][0]
         p.add_argument(f"--{flag}", type=kind, help=f"{text} (default {default})")
     p.add_argument("--precision", help="32 or 64 for TAGI; 32, bf16, fp16 for torch")

@@ -63,6 +63,9 @@ class TrainOptions:
     fail_at: str = ""
     """RANK:STEP: that rank SIGKILLs itself before that step, in the first attempt only."""
     progress: bool = True
+    timeout: float = 300.0
+    """Seconds a collective (or the start-up rendezvous) waits for a missing rank before every
+    rank fails with an error naming the operation."""
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ConfigError:
@@ -90,6 +93,8 @@ class TrainOptions:
         if self.batch_size % self.nproc:
             raise ConfigError(f"batch-size {self.batch_size} must be divisible by nproc "
                               f"{self.nproc} (every process takes an equal share)")
+        if self.timeout <= 0:
+            raise bad("timeout", "a number of seconds > 0")
         if self.sigma_v <= 0 or self.lr <= 0:
             raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
         if self.resume not in ("auto", "never"):

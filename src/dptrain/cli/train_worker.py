@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -66,7 +67,7 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
 
 
 def run_training(options: TrainOptions) -> dict:
-    with distributed() as runtime:
+    with distributed(timeout=timedelta(seconds=options.timeout)) as runtime:
         setup_logging(runtime.env.rank)
         logging.getLogger("dptrain").setLevel(logging.WARNING)
         return _fit(options, runtime)
