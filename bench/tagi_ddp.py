@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from _machine import cpu_model  # bench/ is on sys.path when a script here runs
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_ddp.json"
@@ -91,16 +92,6 @@ def measure(world_size: int, threads: int, batch: int, steps: int, warmup: int) 
             "collectives_per_step": ranks[0]["calls"] / steps}
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256, help="samples per rank per step")
@@ -141,7 +132,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "hardware": {"cpu": _cpu_model(), "cores": os.cpu_count()},
+        "hardware": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
         "repeats": args.repeats, "results": table, "target_ratio": TARGET}, indent=1))
     print(f"wrote {args.output}")

@@ -56,6 +56,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from _machine import cpu_model  # bench/ is on sys.path when a script here runs
+
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "torch_trainer_overhead.json"
 HAND, DPTRAIN = "hand-written DDP", "dptrain Trainer"
@@ -286,16 +288,6 @@ def measure(repeat: int, batch: int, steps: int, epochs: int) -> dict:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128, help="samples per rank per step")
@@ -373,7 +365,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "hardware": {"cpu": _cpu_model(), "cores": os.cpu_count(),
+        "hardware": {"cpu": cpu_model(), "cores": os.cpu_count(),
                      "load_average_after": os.getloadavg()},
         "torch": torch.__version__, "python": platform.python_version(),
         "model": "MLP 784-1024-1024-10 (ReLU), CrossEntropy, Adam lr 1e-3",
