@@ -18,11 +18,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# OpenMPI from the distribution, for the mpirun tests.
+# OpenMPI and MPICH from the distribution, for the mpirun / mpiexec tests.
+MPI_PACKAGES := openmpi-bin mpich
 mpi:
-	@command -v mpirun >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openmpi-bin; \
-	  else sudo apt-get update -qq && sudo apt-get install -y -qq openmpi-bin; fi; }
+	@command -v mpirun.openmpi >/dev/null && command -v mpiexec.mpich >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(MPI_PACKAGES); }
 
 demo: setup
 	$(VENV)/bin/dptrain train

@@ -35,12 +35,18 @@ def dptrain_cmd(*args: str) -> list[str]:
 
 
 def mpirun_cmd(nproc: int, *args: str) -> list[str]:
-    mpirun = shutil.which("mpirun")
+    mpirun = shutil.which("mpirun.openmpi") or shutil.which("mpirun")
     assert mpirun, "mpirun not found: `make test` installs OpenMPI (openmpi-bin)"
     flags = ["--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         flags.append("--allow-run-as-root")
     return [mpirun, "-np", str(nproc), *flags, *args]
+
+
+def mpich_cmd(nproc: int, *args: str) -> list[str]:
+    mpiexec = shutil.which("mpiexec.mpich")
+    assert mpiexec, "mpiexec.mpich not found: `make test` installs MPICH (mpich)"
+    return [mpiexec, "-n", str(nproc), *args]
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import PYTHON, REPO, base_env, dptrain_cmd, mpirun_cmd, run, stop
+from tests._cli import PYTHON, REPO, base_env, dptrain_cmd, mpich_cmd, mpirun_cmd, run, stop
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = str(REPO / "examples" / "allreduce.py")
@@ -41,6 +41,12 @@ def test_mpirun_two_processes_without_master_variables():
     """mpirun gives no rendezvous address: one node derives it from the job id."""
     result = run(mpirun_cmd(2, PYTHON, EXAMPLE), timeout_s=120)
     _assert_both_ranks_ok(result, "openmpi")
+
+
+def test_mpich_mpiexec_two_processes_without_master_variables():
+    """MPICH's Hydra sets PMI_RANK/PMI_SIZE; the ranks agree on a port through their shared
+    parent (the node's proxy)."""
+    _assert_both_ranks_ok(run(mpich_cmd(2, PYTHON, EXAMPLE), timeout_s=120), "mpich")
 
 
 def test_a_raising_worker_stops_the_job_naming_the_rank():
