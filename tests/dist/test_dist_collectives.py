@@ -136,4 +136,5 @@ def test_a_failed_or_missing_rank_ends_the_world_with_a_named_error():
         run_world(_rank1_never_arrives, world_size=2, timeout_s=60, group_timeout_s=5)
     text = str(info.value)
     assert "rank 0 failed" in text and "RankFailure: rank 0 of 2: all_reduce of 1 element" in text
+    assert "HINT: rank(s) [1] did not reach it" in text
     assert time.monotonic() - start < 60

@@ -7,6 +7,7 @@ out) is raised as `RankFailure` naming this rank, the operation and its size.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -35,14 +36,45 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
+ROLL_CALL_S = 3.0
+"""How long a rank whose collective failed waits for the others to report in."""
+
+
+def _missing_ranks() -> list[int] | None:
+    """After a failed collective: the ranks that do not report in through the rendezvous
+    store within ROLL_CALL_S (dead, hung, or still short of the collective), or None when the
+    store itself is gone (its host, rank 0, died). Every surviving rank goes through here, so
+    each one reports in while it looks for the others."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        rank, world_size = get_rank(), get_world_size()
+        store.set(f"dptrain/alive/{rank}", "1")
+        keys = [f"dptrain/alive/{r}" for r in range(world_size)]
+        deadline = time.monotonic() + ROLL_CALL_S
+        while True:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the diagnosis must never mask the original error
+        return None
+
+
 def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
+    """Run a collective; a failure becomes `RankFailure` naming this rank, the operation and,
+    when the rendezvous store can tell, the ranks that did not reach it."""
     try:
         return call()
     except (RuntimeError, dist.DistError) as err:
+        missing = _missing_ranks()
+        culprit = (f"rank(s) {missing} did not reach it (no sign of life within "
+                   f"{ROLL_CALL_S:g} s): they raised, died or hang elsewhere; their own output "
+                   f"names the cause" if missing else
+                   "another rank probably raised, died or never reached it; its own output "
+                   "names the cause")
         raise RankFailure(
             f"rank {get_rank()} of {get_world_size()}: {op} of {numel} element(s) failed: {err}\n"
-            f"HINT: another rank probably raised, died or never reached this {op}; its own "
-            f"output names the cause") from err
+            f"HINT: {culprit}") from err
 
 
 def barrier() -> None:
