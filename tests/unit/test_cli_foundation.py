@@ -59,8 +59,12 @@ def test_env_hints_name_known_traps():
     text = "\n".join(found)
     assert "OMP_NUM_THREADS is unset with 4 local ranks" in text
     assert "NCCL_P2P_DISABLE=1" in text and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in text
-    quiet = hints({"OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1"}, 4, 0)
+    quiet = hints({"OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1"}, 4, 0, cpus=4)
     assert quiet == []
+    busy = hints({"OMP_NUM_THREADS": "2", "OMPI_ALLOW_RUN_AS_ROOT": "1"}, 2, 0, cpus=2)
+    assert len(busy) == 1 and "OMP_WAIT_POLICY=PASSIVE" in busy[0]
+    assert hints({"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "passive",
+                  "OMPI_ALLOW_RUN_AS_ROOT": "1"}, 2, 0, cpus=2) == []
 
 
 def test_env_lists_only_relevant_variables():
