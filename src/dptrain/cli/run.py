@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from dptrain.errors import ConfigError
@@ -85,11 +86,14 @@ def _text(message: object) -> str:
 
 
 def root_cause(failures: dict) -> tuple[int, object]:
-    """The failure that caused the others: ranks whose error is a `RankFailure` only saw a peer
-    vanish from a collective, so prefer any other; then the earliest."""
+    """The failure that caused the others. Two kinds only follow from another rank's: a
+    `RankFailure` (it saw a peer vanish from a collective) and a SIGTERM (the agent stopping the
+    survivors), so prefer any other; then the earliest."""
     def key(item: tuple[int, object]) -> tuple[bool, float, int]:
         rank, failure = item
-        return ("RankFailure" in _text(failure.message), failure.timestamp, rank)
+        secondary = failure.exitcode == -signal.SIGTERM or \
+            "RankFailure" in _text(failure.message)
+        return (secondary, failure.timestamp, rank)
 
     return min(failures.items(), key=key)
 

@@ -21,6 +21,7 @@ The only tagi module that imports `dptrain.dist`: layers never see the process g
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import time
 from typing import Any
@@ -44,6 +45,9 @@ def _start_group(config: DDPConfig) -> None:
                           f"launcher ({env.launcher}) says rank {env.rank} of {env.world_size}; "
                           f"use DDPConfig.from_env() or start the process group yourself")
     dd.init_distributed(env, backend=config.backend)
+    # A pytagi-style script never destroys the group; left to interpreter teardown, gloo's and
+    # the store's threads can die in the wrong order ("terminate called", SIGABRT at exit).
+    atexit.register(dd.shutdown_distributed)
 
 
 def _structure(model: Sequential) -> list[tuple[str, tuple[int, ...]]]:
