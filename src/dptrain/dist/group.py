@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -106,6 +107,9 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
             f"ranks at {env.master_addr}:{env.master_port} ({env.launcher}) within {timeout}: "
             f"{err}\nHINT: check that every rank was started, that they share MASTER_ADDR and "
             f"MASTER_PORT, and that the port is free and reachable") from err
+    # A script that never destroys the group leaves it to interpreter teardown, where gloo's and
+    # the store's threads can die in the wrong order ("terminate called", SIGABRT at exit).
+    atexit.register(shutdown_distributed)
     log.info("rank %d/%d started %s on %s", env.rank, env.world_size, chosen, device)
     return Runtime(env, chosen, device, timeout)
 

@@ -21,7 +21,6 @@ The only tagi module that imports `dptrain.dist`: layers never see the process g
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import time
 from typing import Any
@@ -44,10 +43,7 @@ def _start_group(config: DDPConfig) -> None:
         raise ConfigError(f"DDPConfig says rank {config.rank} of {config.world_size} but the "
                           f"launcher ({env.launcher}) says rank {env.rank} of {env.world_size}; "
                           f"use DDPConfig.from_env() or start the process group yourself")
-    dd.init_distributed(env, backend=config.backend)
-    # A pytagi-style script never destroys the group; left to interpreter teardown, gloo's and
-    # the store's threads can die in the wrong order ("terminate called", SIGABRT at exit).
-    atexit.register(dd.shutdown_distributed)
+    dd.init_distributed(env, backend=config.backend)  # shut down at exit, see there
 
 
 def _structure(model: Sequential) -> list[tuple[str, tuple[int, ...]]]:
