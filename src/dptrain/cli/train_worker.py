@@ -12,6 +12,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dptrain.cli.train_options import TAGI_MODELS, TrainOptions
+from dptrain.cli.worker import exit_without_teardown
 from dptrain.data import Split, load_dataset
 from dptrain.dist import Runtime, distributed, rank_zero_print, setup_logging
 from dptrain.errors import ConfigError
@@ -97,6 +98,7 @@ def _fit(options: TrainOptions, runtime: Runtime) -> dict:
 def main() -> None:
     options = TrainOptions.from_json(Path(sys.argv[1]).read_text())
     run_training(options)
+    exit_without_teardown(0)  # see there: torch can abort a finished worker in teardown
 
 
 if __name__ == "__main__":
