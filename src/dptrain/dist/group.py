@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dptrain.dist.env import DistEnv, resolve_env
+from dptrain.dist.netif import export_interface
 from dptrain.errors import ConfigError, RankFailure
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,12 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _share_cores(env)
+    if chosen in ("gloo", "nccl"):
+        # Before the group opens its sockets: the interface that reaches the master, not the
+        # one this host name happens to resolve to (often the loopback).
+        choice = export_interface(env.master_addr, env.master_port,
+                                  multi_node=env.local_world_size < env.world_size)
+        log.info("rank %d: network interface %s: %s", env.rank, choice.name, choice.reason)
     try:
         dist.init_process_group(chosen, init_method=_init_method(env), rank=env.rank,
                                 world_size=env.world_size, timeout=timeout)
