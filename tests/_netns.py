@@ -53,6 +53,22 @@ class TwoHosts:
         return self.a, self.b
 
 
+def write_rsh_agent(pair: TwoHosts, path: Path) -> Path:
+    """A stand-in for ssh that OpenMPI's mpirun can use (`--mca plm_rsh_agent PATH`): it gets
+    `HOST COMMAND...` and runs COMMAND inside HOST's namespace, through a shell as sshd would."""
+    cases = "\n".join(f"  {h.name}) ns={h.ns} ;;" for h in pair.hosts)
+    path.write_text(f"""#!/bin/sh
+host=$1; shift
+case "$host" in
+{cases}
+  *) echo "rsh agent: unknown host $host" >&2; exit 1 ;;
+esac
+exec ip netns exec "$ns" /bin/sh -c "$*"
+""")
+    path.chmod(0o755)
+    return path
+
+
 def _ip(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=20)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._cli import PYTHON, REPO, base_env, dptrain_cmd, run
-from tests._netns import Host, TwoHosts, two_hosts  # noqa: F401 - fixture
+from tests._cli import PYTHON, REPO, base_env, dptrain_cmd, mpirun_cmd, run
+from tests._netns import Host, TwoHosts, two_hosts, write_rsh_agent  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.e2e
 ALLREDUCE = str(REPO / "examples" / "allreduce.py")
@@ -92,6 +92,30 @@ def test_dptrain_run_across_two_hosts(two_hosts, tmp_path):  # noqa: F811
         assert f"rank {rank}/2 (torchrun): all-reduce sum 3 ok" in out, out
         assert f"network interface {host.ifname}: the route to the rendezvous host {a.name} " \
                f"({a.address}) leaves from {host.address}" in out, out
+
+
+def test_mpirun_across_two_hosts(two_hosts, tmp_path):  # noqa: F811
+    """OpenMPI starts rank 1 on host b through an rsh agent that enters b's namespace instead
+    of ssh; its control traffic is held to the pair's subnet. Each rank names its host's
+    address (so rank 1 did run on b), then they all-reduce."""
+    a, b = two_hosts.hosts
+    subnet = a.address.rsplit(".", 1)[0] + ".0/24"
+    agent = write_rsh_agent(two_hosts, tmp_path / "rsh-agent")
+    env = node_env()
+    env.update(MASTER_ADDR=a.name, MASTER_PORT="29404", PYTHONPATH=str(REPO / "src"))
+    script = f"echo on $(ip -o -4 addr | grep -o '10\\.213\\.[0-9.]*/'); {PYTHON} {ALLREDUCE}"
+    cmd = mpirun_cmd(2, "--host", f"{a.name}:1,{b.name}:1", "--mca", "plm_rsh_agent", str(agent),
+                     "--mca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
+                     *(arg for var in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH",
+                                       "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+                       for arg in ("-x", var)),
+                     "sh", "-c", script)
+    result = run(a.cmd(*cmd), env=env, timeout_s=90)
+    assert result.returncode == 0, result.output
+    for host in (a, b):
+        assert f"on {host.address}/" in result.stdout, result.output
+    for rank in (0, 1):
+        assert f"rank {rank}/2 (openmpi): all-reduce sum 3 ok" in result.stdout, result.output
 
 
 def _params(out: Path) -> str:

@@ -12,8 +12,10 @@ import socket
 import subprocess
 import sys
 
+from dptrain.cli.env import network_line
 from dptrain.cli.main import build_parser
 from dptrain.cli.run import _network_interface, torchrun_argv
+from dptrain.dist.env import SINGLE, DistEnv
 from dptrain.dist.netif import (
     IFNAME_VARS,
     choose_interface,
@@ -24,7 +26,7 @@ from dptrain.dist.netif import (
 from tests._cli import REPO
 from tests._netns import two_hosts  # noqa: F401 - fixture
 
-SRC = str(REPO / "src")
+NETIF = str(REPO / "src" / "dptrain" / "dist" / "netif.py")
 
 
 def test_a_local_rendezvous_host_means_the_loopback():
@@ -69,6 +71,17 @@ def test_default_route_is_read_from_the_route_table(tmp_path):
     assert default_route_interface(table) is None
 
 
+def test_dptrain_env_shows_the_choice_and_why():
+    env = DistEnv(rank=1, world_size=2, local_rank=0, local_world_size=1, node_rank=1,
+                  master_addr="127.0.0.1", master_port=29400, launcher="env")
+    line = network_line(env, {})
+    assert line.startswith(f"network interface: {default_route_interface() or 'left to'}")
+    assert "loopback 127.0.0.1" in line
+    assert network_line(env, {"GLOO_SOCKET_IFNAME": "eth7"}) == \
+        "network interface: eth7: GLOO_SOCKET_IFNAME set by the user"
+    assert "none needed (one process)" in network_line(SINGLE, {})
+
+
 def test_nproc_per_node_is_an_alias_of_nproc(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("")
@@ -83,9 +96,13 @@ def test_the_launcher_passes_this_nodes_address_to_the_agent(monkeypatch):
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
 
 
+# netif is standard library only: load it alone, without dptrain's package (and torch).
 _PROBE = """
-import json, sys
-from dptrain.dist.netif import choose_interface
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("netif", sys.argv.pop(1))
+netif = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(netif)
+choose_interface = netif.choose_interface
 out = {host: vars(choose_interface(host, multi_node=True, environ={})) for host in sys.argv[1:]}
 print(json.dumps(out))
 """
@@ -94,9 +111,8 @@ print(json.dumps(out))
 def test_inside_a_second_host_the_route_to_the_peer_names_the_veth(two_hosts):  # noqa: F811
     a, b = two_hosts.hosts
     own = socket.gethostname()
-    done = subprocess.run(a.cmd(sys.executable, "-c", _PROBE, b.address, b.name, a.name, own),
-                          capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(a.cmd(sys.executable, "-c", _PROBE, NETIF, b.address, b.name, a.name,
+                                own), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     for peer in (b.address, b.name):
