@@ -100,7 +100,7 @@ def test_the_launcher_passes_this_nodes_address_to_the_agent(monkeypatch):
 _PROBE = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("netif", sys.argv.pop(1))
-netif = importlib.util.module_from_spec(spec)
+netif = sys.modules["netif"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(netif)
 choose_interface = netif.choose_interface
 out = {host: vars(choose_interface(host, multi_node=True, environ={})) for host in sys.argv[1:]}
