@@ -79,17 +79,23 @@ def test_the_host_name_trap_is_real_in_the_namespaces(two_hosts):  # noqa: F811
     assert done.stdout.strip() == "127.0.0.1", (socket.gethostname(), done)
 
 
-def test_dptrain_run_across_two_hosts(two_hosts, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_dptrain_run_across_two_hosts(two_hosts, tmp_path, dynamic):  # noqa: F811
+    """Static: node ranks given, node a hosts the store. Dynamic (c10d): torch numbers the nodes
+    and the workers' store lives at the address each agent was told is its own."""
     a, b = two_hosts.hosts
-    endpoint = _endpoint(a, 29401)
+    endpoint = _endpoint(a, 29411 if dynamic else 29401)
+    ranks = ([], []) if dynamic else (["--node-rank", "0"], ["--node-rank", "1"])
     nodes = Nodes(two_hosts, [
         [PYTHON, "-m", "dptrain", "run", "--nnodes", "2", "--nproc-per-node", "1",
-         "--rdzv-endpoint", endpoint, "--node-rank", str(rank), ALLREDUCE]
-        for rank in (0, 1)], tmp_path)
+         "--rdzv-endpoint", endpoint, *rendezvous, ALLREDUCE]
+        for rendezvous in ranks], tmp_path)
     assert nodes.wait(60) == [0, 0], nodes.output(0) + nodes.output(1)
-    for rank, host in enumerate((a, b)):
-        out = nodes.output(rank)
-        assert f"rank {rank}/2 (torchrun): all-reduce sum 3 ok" in out, out
+    both = nodes.output(0) + nodes.output(1)
+    for rank in (0, 1):  # dynamic: either host may get rank 0
+        assert f"rank {rank}/2 (torchrun): all-reduce sum 3 ok" in both, both
+    for i, host in enumerate((a, b)):
+        out = nodes.output(i)
         assert f"network interface {host.ifname}: the route to the rendezvous host {a.name} " \
                f"({a.address}) leaves from {host.address}" in out, out
 

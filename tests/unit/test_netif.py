@@ -22,6 +22,7 @@ from dptrain.dist.netif import (
     default_route_interface,
     export_interface,
     interface_of,
+    is_this_machine,
 )
 from tests._cli import REPO
 from tests._netns import two_hosts  # noqa: F401 - fixture
@@ -59,6 +60,14 @@ def test_the_users_interface_wins_and_export_sets_both_backends():
 def test_an_unresolvable_host_is_left_to_the_backends():
     choice = choose_interface("no-such-host.invalid", multi_node=True, environ={})
     assert choice.name is None and "no-such-host.invalid" in choice.reason
+
+
+def test_which_hosts_are_this_machine():
+    assert is_this_machine("localhost") and is_this_machine("127.0.0.1")
+    own = choose_interface("localhost", multi_node=False, environ={}).address
+    assert is_this_machine(own)
+    assert not is_this_machine("198.51.100.7")  # documentation range: nobody's
+    assert not is_this_machine("no-such-host.invalid")
 
 
 def test_default_route_is_read_from_the_route_table(tmp_path):

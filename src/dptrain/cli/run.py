@@ -91,15 +91,18 @@ def _network_interface(rdzv_endpoint: str | None, nnodes: int) -> list[str]:
     """Export the interface that reaches the rendezvous host for every worker's gloo/NCCL, and
     on several nodes tell the agent this node's address on it (torch's default, the host name,
     may resolve to the loopback); extra torchrun options."""
-    from dptrain.dist.netif import export_interface
+    from dptrain.dist.netif import export_interface, is_this_machine
 
-    choice = export_interface(rendezvous_host(rdzv_endpoint), multi_node=nnodes > 1)
-    if nnodes > 1:
-        print(f"dptrain: network interface {choice.name or '(left to the backends)'}: "
-              f"{choice.reason}", file=sys.stderr, flush=True)
-        if choice.address:
-            return [f"--local-addr={choice.address}"]
-    return []
+    host = rendezvous_host(rdzv_endpoint)
+    choice = export_interface(host, multi_node=nnodes > 1)
+    if nnodes == 1:
+        return []
+    print(f"dptrain: network interface {choice.name or '(left to the backends)'}: "
+          f"{choice.reason}", file=sys.stderr, flush=True)
+    extra = [f"--local-addr={choice.address}"] if choice.address else []
+    # A dynamic rendezvous is served by the node the endpoint names; torch recognises it by
+    # its host name's addresses, which miss it when that name resolves to the loopback.
+    return [*extra, f"--rdzv-conf=is_host={int(is_this_machine(host))}"]
 
 
 def _worker_environment(nproc: int) -> None:

@@ -83,6 +83,19 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def is_this_machine(host: str) -> bool:
+    """Whether `host` resolves to an address of this machine (loopback or an interface's)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        if ip.is_loopback or interface_of(str(ip)) is not None:
+            return True
+    return False
+
+
 def default_route_interface(proc: Path = Path("/proc/net/route")) -> str | None:
     """The interface of the IPv4 default route, or None."""
     try:
