@@ -60,6 +60,63 @@ class OutputUpdater:
         delta_states.delta_var = torch.zeros_like(mu).scatter_add_(1, idx, delta_var)
 
 
+    def update_heteros(self, output_states: HiddenStates, mu_obs: Any,
+                       delta_states: DeltaStates) -> None:
+        """Heteroscedastic (AGVI) update: the output holds (mean, noise variance) pairs from
+        `EvenExp`, and the noise variance is learned instead of given.
+
+        `mu_obs`: (B, K) or flat (B·K,) targets for an output of width 2K (NaN = missing: both
+        slots of that target get δ = 0). See docs/tagi.md, Heteroscedastic regression. The
+        noise slot's δv can be positive, unlike every other innovation.
+        """
+        mu, var = _checked_output(output_states)
+        if mu.dim() != 2 or mu.shape[1] % 2:
+            raise ValueError(f"update_heteros needs a (batch, 2 x targets) output of (mean, "
+                             f"noise) pairs, got {tuple(mu.shape)}")
+        batch, width = mu.shape
+        y = _shaped_like(mu_obs, torch.Size((batch, width // 2)), mu, "mu_obs")
+        jcb = output_states.jcb_or_ones()
+        delta_mu, delta_var = torch.zeros_like(mu), torch.zeros_like(mu)
+        delta_mu[:, 0::2], delta_var[:, 0::2], delta_mu[:, 1::2], delta_var[:, 1::2] = \
+            _agvi_innovations(mu[:, 0::2], var[:, 0::2], jcb[:, 0::2],
+                              mu[:, 1::2], var[:, 1::2], jcb[:, 1::2], y)
+        delta_states.delta_mu, delta_states.delta_var = delta_mu, delta_var
+
+
+def _agvi_innovations(mu_y: torch.Tensor, var_y: torch.Tensor, jcb_y: torch.Tensor,
+                      mu_t: torch.Tensor, var_t: torch.Tensor, jcb_t: torch.Tensor,
+                      y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(δm, δv) of the mean slots and of the noise slots, each (B, K).
+
+    The noise V ~ N(0, T) enters the observation y = Y + V. Its posterior gives the posterior
+    of V², whose prior mean is E[T] and variance 3 v_T + 2 m_T²; T is then updated through
+    Cov(T, V²) = v_T (docs/tagi.md, Heteroscedastic regression).
+    """
+    s = var_y + mu_t
+    residual = y - mu_y
+    delta_mu_y = jcb_y * residual / s
+    delta_var_y = -jcb_y * jcb_y / s
+    mean_v = mu_t * residual / s
+    var_v = mu_t - mu_t * mu_t / s
+    mean_v2 = mean_v * mean_v + var_v
+    var_v2 = 2.0 * var_v * var_v + 4.0 * var_v * mean_v * mean_v
+    prior_var_v2 = 3.0 * var_t + 2.0 * mu_t * mu_t
+    gain = var_t / prior_var_v2
+    # the posterior of T minus its prior, and the J/v_T that carries it back to Z
+    shift_mu_t = gain * (mean_v2 - mu_t)
+    shift_var_t = gain * gain * (var_v2 - prior_var_v2)
+    jcb_over_var = jcb_t / var_t
+    jcb_over_var = torch.where(torch.isfinite(jcb_over_var), jcb_over_var, 0.0)
+    delta_mu_t = jcb_over_var * shift_mu_t
+    delta_var_t = jcb_over_var * jcb_over_var * shift_var_t
+    outs = (delta_mu_y, delta_var_y, delta_mu_t, delta_var_t)
+    # a missing target (NaN) or a non-finite ratio leaves both slots of that target unobserved
+    observed = torch.isfinite(y)
+    for out in outs:
+        observed &= torch.isfinite(out)
+    return tuple(torch.where(observed, out, 0.0) for out in outs)
+
+
 def _innovations(mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,
                  y: torch.Tensor, noise: torch.Tensor | float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
