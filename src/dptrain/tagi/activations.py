@@ -112,11 +112,11 @@ class EvenExp(Activation):
         if mu_z.dim() != 2 or mu_z.shape[1] % 2:
             raise ValueError(f"EvenExp needs (batch, 2 x targets) states laid out as (mean, "
                              f"noise) pairs, got shape {tuple(mu_z.shape)}")
-        mu_a, var_a = mu_z.clone(), var_z.clone()
-        jcb = torch.ones_like(mu_z)
-        mu_odd, var_odd = mu_z[:, 1::2], var_z[:, 1::2]
-        mu_t = torch.exp(mu_odd + 0.5 * var_odd)
-        mu_a[:, 1::2] = mu_t
-        var_a[:, 1::2] = mu_t * mu_t * torch.expm1(var_odd)
-        jcb[:, 1::2] = mu_t
-        return mu_a, var_a, jcb
+        pairs = (mu_z.shape[0], mu_z.shape[1] // 2, 2)
+        mu_mean, mu_log_noise = mu_z.reshape(pairs).unbind(2)
+        var_mean, var_log_noise = var_z.reshape(pairs).unbind(2)
+        mu_t = torch.exp(mu_log_noise + 0.5 * var_log_noise)
+        var_t = mu_t * mu_t * torch.expm1(var_log_noise)
+        return (torch.stack([mu_mean, mu_t], 2).view(mu_z.shape),
+                torch.stack([var_mean, var_t], 2).view(mu_z.shape),
+                torch.stack([torch.ones_like(mu_t), mu_t], 2).view(mu_z.shape))
