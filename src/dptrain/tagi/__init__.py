@@ -37,6 +37,7 @@ from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
@@ -47,6 +48,7 @@ from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
+    "Conv2d",
     "DDPConfig",
     "DDPSequential",
     "DeltaStates",
