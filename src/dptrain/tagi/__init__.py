@@ -42,12 +42,14 @@ from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
+from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
+    "AvgPool2d",
     "Conv2d",
     "DDPConfig",
     "DDPSequential",
@@ -57,6 +59,7 @@ __all__ = [
     "Layer",
     "LeakyReLU",
     "Linear",
+    "MaxPool2d",
     "MixtureReLU",
     "MixtureSigmoid",
     "MixtureTanh",

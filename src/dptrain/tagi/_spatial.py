@@ -95,6 +95,22 @@ class Window:
             return x
         return x[:, :, :height, :width].contiguous()
 
+    def pad_all(self, x: torch.Tensor | None, value: float = 0.0) -> torch.Tensor | None:
+        """x (B, C, H, W) with every padded position made explicit (for pooling kernels, whose
+        own padding is limited to half the kernel): (B, C, H + P, W + P)."""
+        if x is None or not self.padding:
+            return x
+        p = self.padding
+        pads = (p, p, p, p) if self.padding_type == 1 else (0, p, 0, p)
+        return F.pad(x, pads, value=value)
+
+    def crop_all(self, x: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Innovations for the input padded by `pad_all` cut back to the image (B, C, H, W)."""
+        if not self.padding:
+            return x
+        top = self.padding if self.padding_type == 1 else 0
+        return x[:, :, top:top + height, top:top + width].contiguous()
+
     def describe(self) -> str:
         """The non-default arguments, for a layer's repr."""
         parts = [f"stride={self.stride}"]
