@@ -66,6 +66,10 @@ class AvgPool2d(_Pool2d):
     A fixed linear map, so the moments are exact; the innovations go back through its
     transpose: δm_in = J ⊙ Σ_{windows ∋ input} δm / k², δv_in = J² ⊙ Σ δv / k⁴.
     `stride=None` (or pytagi's default -1) means `stride = kernel_size`.
+
+    The forward runs as a depthwise convolution with a constant 1/k² kernel (on the CPU several
+    times faster than `avg_pool2d`), the backward as `avg_pool2d`'s backward (faster than the
+    convolution's).
     """
 
     def __init__(self, kernel_size: int, stride: int | None = None, padding: int = 0,
@@ -73,33 +77,51 @@ class AvgPool2d(_Pool2d):
         if stride is None or stride == -1:
             stride = kernel_size
         super().__init__(Window.checked("AvgPool2d", kernel_size, stride, padding, padding_type))
+        self._kernel: torch.Tensor | None = None  # (C, 1, k, k) filled with 1/k²
 
     def clear_cache(self) -> None:
         super().clear_cache()
         self._padded: torch.Tensor | None = None  # (B, C, H + P, W + P), for its shape
 
+    def _averaging_kernel(self, like: torch.Tensor) -> torch.Tensor:
+        channels, k = like.shape[1], self.kernel_size
+        kernel = self._kernel
+        if (kernel is None or kernel.shape[0] != channels or kernel.dtype != like.dtype
+                or kernel.device != like.device):
+            kernel = torch.full((channels, 1, k, k), 1.0 / (k * k), dtype=like.dtype,
+                                device=like.device)
+            self._kernel = kernel
+        return kernel
+
     def forward(self, states: HiddenStates) -> HiddenStates:
         self._check(states)
-        k, s = self.kernel_size, self.stride
-        mu_a = self.window.pad_all(states.mu_a)
-        mu_z = F.avg_pool2d(mu_a, k, s)  # (B, C, Ho, Wo)
+        mu_a = self.window.pad_all(states.mu_a)  # (B, C, H + P, W + P)
+        kernel = self._averaging_kernel(mu_a)
+        channels, k, s = mu_a.shape[1], self.kernel_size, self.stride
+        mu_z = F.conv2d(mu_a, kernel, None, s, 0, 1, channels)  # (B, C, Ho, Wo)
         var_z = None
         if states.var_a is not None:
-            var_z = F.avg_pool2d(self.window.pad_all(states.var_a), k, s).mul_(1.0 / (k * k))
+            var_a = self.window.pad_all(states.var_a)
+            var_z = F.conv2d(var_a, kernel, None, s, 0, 1, channels).mul_(1.0 / (k * k))
         if self.training:
             self._remember(states)
             self._padded = mu_a
         return HiddenStates(mu_z, var_z, None)
 
+    def _transpose(self, delta: torch.Tensor) -> torch.Tensor:
+        """Σ over the windows holding each (padded) input of delta / k²: avg_pool2d's
+        vector-Jacobian product (faster here than the depthwise convolution's)."""
+        k, s = self.kernel_size, self.stride
+        return _avg_pool_backward(delta, self._padded, [k, k], [s, s], [0, 0], False, True,
+                                  None)
+
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
         self._need_forward()
         if not need_input_delta:
             return None
-        k, s = self.kernel_size, self.stride
-        # avg_pool2d's vector-Jacobian product: Σ over the windows holding each input, / k².
-        back = lambda d: _avg_pool_backward(d, self._padded, [k, k], [s, s], [0, 0],  # noqa: E731
-                                            False, True, None)
-        return self._to_input(back(delta.delta_mu), back(delta.delta_var).mul_(1.0 / (k * k)))
+        k = self.kernel_size
+        return self._to_input(self._transpose(delta.delta_mu),
+                              self._transpose(delta.delta_var).mul_(1.0 / (k * k)))
 
 
 class MaxPool2d(_Pool2d):
