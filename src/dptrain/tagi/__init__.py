@@ -24,6 +24,13 @@ Usage (classification with the hierarchical softmax)::
     net.eval()
     pred = hrc.predict(*net(x))                       # (32,) class labels
 
+Image networks take NCHW states, e.g. pytagi's MNIST CNN::
+
+    net = Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
+                     AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
+                     Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
+    mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
+
 Regression uses `updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)`;
 NaN targets are missing observations (zero innovation). `net.state_dict()` holds
 `"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
