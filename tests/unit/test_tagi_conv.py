@@ -293,3 +293,16 @@ def test_linear_after_conv_of_the_wrong_size_names_both_shapes():
 def test_construction_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Conv2d(2, 4, 3, **kwargs)
+
+
+def test_package_docstring_cnn_example_runs():
+    """The image-network example in dptrain.tagi's docstring is kept runnable."""
+    import textwrap
+
+    import dptrain.tagi
+
+    example = dptrain.tagi.__doc__.split("::")[2]
+    namespace: dict = {name: getattr(dptrain.tagi, name) for name in dptrain.tagi.__all__}
+    namespace["torch"] = torch
+    exec(textwrap.dedent(example), namespace)  # noqa: S102
+    assert namespace["mu"].shape == (32, 11) and namespace["var"].shape == (32, 11)

@@ -24,18 +24,18 @@ Usage (classification with the hierarchical softmax)::
     net.eval()
     pred = hrc.predict(*net(x))                       # (32,) class labels
 
+Regression uses `updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)`;
+NaN targets are missing observations (zero innovation). `net.state_dict()` holds
+`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
+plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
+and `cap_batch_size` (see `Sequential`).
+
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
     net = Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
                      AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
                      Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
     mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
-
-Regression uses `updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)`;
-NaN targets are missing observations (zero innovation). `net.state_dict()` holds
-`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
-plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
-and `cap_batch_size` (see `Sequential`).
 """
 
 from __future__ import annotations
