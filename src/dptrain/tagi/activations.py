@@ -45,7 +45,7 @@ class ReLU(Activation):
 class LeakyReLU(Activation):
     """m_A = m_Z or α m_Z, J = 1 or α, v_A = J² v_Z (α = 0.1 as in cuTAGI).
 
-    This is the intended math; cuTAGI's CPU LeakyReLU is a no-op (docs/tagi.md, Departures).
+    This is the intended math; cuTAGI's CPU LeakyReLU is a no-op (see docs/tagi.md).
     """
 
     def __init__(self, alpha: float = 0.1) -> None:
