@@ -128,7 +128,8 @@ def _params(out: Path) -> str:
     return json.loads((out / "summary.json").read_text())["params_sha256"]
 
 
-def test_dptrain_train_across_two_hosts_resumes_bit_exactly_after_a_kill(two_hosts, tmp_path):  # noqa: F811
+def test_dptrain_train_across_two_hosts_resumes_bit_exactly_after_a_kill(
+        two_hosts, tmp_path):  # noqa: F811
     """Rank 1 (on host b) is SIGKILLed at step 12; both agents restart their worker, which
     resumes from the step-10 checkpoint; the result equals an uninterrupted run bit for bit.
     One run directory serves both hosts (the namespaces share this machine's files)."""
@@ -151,7 +152,7 @@ def test_a_node_whose_peer_vanished_exits_within_the_timeout(two_hosts, tmp_path
     """Host a drops off the network mid-training (its link goes down: no FIN, no RST, the
     packets just stop). Host b must not hang: it fails with a clear error soon after --timeout."""
     a, _ = two_hosts.hosts
-    timeout_s = 4
+    timeout_s = 6
     out = tmp_path / "run"
     nodes = Nodes(two_hosts, [
         [PYTHON, "-m", "dptrain", "train", "--epochs", "200", "--hidden", "16", "--no-progress",
@@ -176,4 +177,4 @@ def test_a_node_whose_peer_vanished_exits_within_the_timeout(two_hosts, tmp_path
     assert code == 1, out_b
     assert "dptrain train: rank 1 failed first" in out_b, out_b
     assert "RankFailure: rank 1 of 2:" in out_b and "failed" in out_b, out_b
-    assert took < 6 * timeout_s, f"node b took {took:.1f} s to give up\n{out_b}"
+    assert took < 5 * timeout_s, f"node b took {took:.1f} s to give up\n{out_b}"
