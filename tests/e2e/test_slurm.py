@@ -30,6 +30,14 @@ def test_srun_two_tasks_run_the_tagi_example(slurm):  # noqa: F811
     _outcome(result.stdout)  # a test error and identical replicas on 2 ranks
 
 
+def test_srun_two_tasks_run_the_torch_ddp_example(slurm):  # noqa: F811
+    result = run(slurm.srun(2, PYTHON, str(REPO / "examples" / "torch_toy_mlp.py"), "--tiny",
+                            "--accumulation-steps", "2"), env=_env(slurm), timeout_s=180)
+    assert result.returncode == 0, result.output + slurm.logs()
+    assert "2 rank(s), ddp" in result.stdout, result.output
+    assert result.stdout.count("identical on all 2 rank(s)") == 1, result.output
+
+
 def test_dptrain_train_under_srun(slurm, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     result = run(slurm.srun(2, PYTHON, "-m", "dptrain", "train", "--epochs", "1", "--hidden",
