@@ -6,6 +6,7 @@ options as JSON) use it without argparse or processes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 from dataclasses import asdict, dataclass, fields
@@ -19,6 +20,16 @@ TAGI_MODELS = ("tagi-mlp",)
 TORCH_MODELS = ("torch-mlp", "torch-cnn")
 MODELS = TAGI_MODELS + TORCH_MODELS
 PRECISIONS = ("32", "64", "bf16", "fp16")
+
+RESUMABLE_OPTIONS = frozenset({
+    "epochs", "patience", "checkpoint_every", "keep_last", "timeout", "max_restarts",
+    "progress", "fail_at", "out", "resume",
+    # How the processes are launched, not what they compute: epoch-end checkpoints resume on
+    # any world size, and the Trainer itself refuses a mid-epoch one saved on another.
+    "nproc", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
+})
+"""Options that may change when a run resumes. Every other option defines the run (new options
+too, unless added here): a checkpoint written with other values is refused."""
 
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions:
@@ -113,6 +124,30 @@ class TrainOptions:
     @classmethod
     def from_json(cls, text: str) -> TrainOptions:
         return cls(**json.loads(text))
+
+def model_file_sha256(model: str) -> str | None:
+    """sha256 of the file of a `PATH.py:FUNCTION` model spelling; None for a built-in name.
+
+    A user's model file defines the run by its content, wherever it lies.
+    """
+    path, sep, _ = model.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        return None
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    except OSError as err:
+        raise ConfigError(f"model file {path}: cannot be read ({err.strerror})") from None
+
+
+def run_record(options: TrainOptions) -> dict[str, Any]:
+    """The options that define the run (all but RESUMABLE_OPTIONS), stored in every checkpoint
+    and compared when the run resumes."""
+    record = {k: v for k, v in asdict(options).items() if k not in RESUMABLE_OPTIONS}
+    digest = model_file_sha256(options.model)
+    if digest is not None:
+        record["model_file_sha256"] = digest
+    return record
+
 
 def accepted_keys() -> list[str]:
     return [f.name for f in fields(TrainOptions)]

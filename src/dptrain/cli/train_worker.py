@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from dptrain.cli.train_options import TAGI_MODELS, TrainOptions
+from dptrain.cli.train_options import TAGI_MODELS, TrainOptions, run_record
 from dptrain.cli.worker import exit_without_teardown
 from dptrain.data import Split, load_dataset
 from dptrain.dist import Runtime, distributed, rank_zero_print, setup_logging
@@ -69,7 +69,8 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
         monitor=options.monitor or ("test_error" if classification else "test_rmse"),
         monitor_mode="max" if "log_likelihood" in options.monitor else "min",
         patience=options.patience or None, progress=options.progress,
-        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)))
+        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)),
+        run_record=run_record(options))
 
 
 def run_training(options: TrainOptions) -> dict:
