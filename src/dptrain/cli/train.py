@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("hidden", int, "width of the hidden layers"),
             ("sigma-v", float, "TAGI observation noise σ_v"),
             ("lr", float, "learning rate (torch models)"),
+            ("dropout", float, "torch-mlp: dropout probability after each hidden layer"),
             ("accumulation-steps", int, "torch models: micro-batches per optimizer step"),
             ("checkpoint-every", int, "also checkpoint every STEPS steps (0: epoch ends only)"),
             ("keep-last", int, "checkpoints kept"),

@@ -57,6 +57,8 @@ class TrainOptions:
     """TAGI regression: learn the observation noise per input (EvenExp head); σ_v unused."""
     lr: float = 3e-3
     """Learning rate of the torch recipes' optimizer (Adam)."""
+    dropout: float = 0.0
+    """torch-mlp: dropout probability after each hidden layer (0: none)."""
     strategy: str = "ddp"
     """Torch models: ddp (replicated) or fsdp (FSDP2 fully_shard, sharded checkpoints)."""
     accumulation_steps: int = 1
@@ -111,6 +113,10 @@ class TrainOptions:
                               f"{self.nproc} (every process takes an equal share)")
         if self.timeout <= 0:
             raise bad("timeout", "a number of seconds > 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad("dropout", "a probability in [0, 1)")
+        if self.dropout and self.model != "torch-mlp":
+            raise ConfigError(f"dropout is for the torch-mlp model, not {self.model}")
         if self.sigma_v <= 0 or self.lr <= 0:
             raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
         if self.resume not in ("auto", "never"):

@@ -52,7 +52,7 @@ def build_learner(options: TrainOptions, split: Split):
             split.input_shape not in ((64,), (1, 8, 8)):
         raise ConfigError(f"model {options.model} is built for the 8x8 digits (64 inputs, 10 "
                           f"classes); dataset {options.dataset} is {split!r}")
-    recipe = {"lr": options.lr, **({"hidden": options.hidden}
+    recipe = {"lr": options.lr, **({"hidden": options.hidden, "dropout": options.dropout}
                                    if options.model == "torch-mlp" else {})}
     return make_learner(options.model, recipe_options=recipe, precision=options.precision,
                         strategy=options.strategy,

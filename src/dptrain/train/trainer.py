@@ -122,6 +122,9 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
         self._layout = ""
+        self._epoch_sums: Metrics = {}
+        """This rank's (sum, count) per train metric so far in the current epoch; saved in
+        mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     # ----------------------------------------------------------------------------- the loop
@@ -150,7 +153,7 @@ class Trainer:
         return summary
 
     def _train_epoch(self) -> tuple[dict[str, float], int]:
-        sums: Metrics = {}
+        sums = self._epoch_sums  # empty, or restored from a mid-epoch checkpoint
         seen = 0
         progress = Progress(total=self.sampler.num_batches(self.local_batch),
                             done=self.sampler.position // self.local_batch,
@@ -170,6 +173,7 @@ class Trainer:
                     and self.sampler.num_remaining > 0:
                 self._save_checkpoint(epoch_done=False)
         progress.close()
+        self._epoch_sums = {}
         return _derived(dd.means(dd.reduce_sum_count(sums, self._metric_device())), "train"), seen
 
     def _evaluate(self) -> dict[str, float]:
@@ -223,6 +227,8 @@ class Trainer:
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
         """Collective: every rank contributes its RNG state; rank 0 writes atomically."""
         rng_states = dd.all_gather_object(rng.capture())
+        # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
+        partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
         sharded = getattr(self.learner, "is_sharded", False)
         tmp = ckpt.begin(self.ckpt_dir, self.step) if self.rank == 0 else None
         if sharded:
@@ -235,7 +241,7 @@ class Trainer:
                      "sampler": self.sampler.state_dict(), "rng": rng_states,
                      "early_stopping": self.early.state_dict(), "history": self.history,
                      "trainer": {"epoch": self.epoch, "step": self.step,
-                                 "epoch_done": epoch_done}}
+                                 "epoch_done": epoch_done, "partial_sums": partial_sums}}
             meta = {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
                     "world_size": self.world_size, "config": self.config.to_json(),
                     "run_record": self._run_record(), "sharded": sharded,
@@ -321,6 +327,9 @@ class Trainer:
         else:
             self.epoch = trainer["epoch"]
             self.sampler.load_state_dict(state["sampler"])
+            # Same world size here (checked above), so rank r continues rank r's sums.
+            partial = trainer.get("partial_sums") or [{}] * self.world_size
+            self._epoch_sums = {name: tuple(sc) for name, sc in partial[self.rank].items()}
         if saved_world == self.world_size:
             rng.restore(state["rng"][self.rank])
         else:
