@@ -32,7 +32,6 @@ def test_flags_win_over_the_toml_file(tmp_path):
     ([], "epochz = 3\n", "unknown key 'epochz'; accepted: model, dataset, nproc, epochs"),
     ([], "epochs = 'three'\n", "key 'epochs': expected a int, got 'three'"),
     ([], "epochs = [\n", "not valid TOML"),
-    (["--batch-size", "33"], None, "batch-size 33 must be divisible by nproc 2"),
     (["--epochs", "0"], None, "epochs: expected an integer >= 1, got 0"),
     (["--precision", "bf16"], None, "precision bf16 is for torch models"),
     (["--model", "torch-mlp", "--precision", "64"], None, "precision 64 is for TAGI models"),
@@ -61,3 +60,23 @@ def test_fail_at_spec_is_validated():
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="config file not found: .*nope.toml"):
         _options("--config", str(tmp_path / "nope.toml"))
+
+
+def test_the_batch_split_is_checked_against_the_real_world_size():
+    """Under a launcher the world size is the launcher's, not --nproc (default 2)."""
+    from dptrain.cli.train import job_world_size
+    from dptrain.cli.train_options import check_batch_split
+    from dptrain.dist import resolve_env
+
+    under_torchrun = resolve_env({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "h",
+                                  "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "j"})
+    o = _options("--batch-size", "33")  # not divisible by --nproc 2, but by the 3 processes
+    assert job_world_size(o, under_torchrun) == (3, "from torchrun")
+    check_batch_split(o.batch_size, *job_world_size(o, under_torchrun))
+    o = _options("--batch-size", "32")
+    with pytest.raises(ConfigError, match=r"batch-size 32 must be divisible by the world size 3 "
+                                          r"\(from torchrun\)"):
+        check_batch_split(o.batch_size, *job_world_size(o, under_torchrun))
+    with pytest.raises(ConfigError, match=r"batch-size 33 must be divisible by the world size 2 "
+                                          r"\(--nproc 2\)"):
+        check_batch_split(33, *job_world_size(o, resolve_env({})))

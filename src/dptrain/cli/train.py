@@ -7,8 +7,14 @@ import time
 from dataclasses import fields, replace
 from pathlib import Path
 
-from dptrain.cli.train_options import MODELS, TrainOptions, accepted_keys, resolve
-from dptrain.dist import resolve_env
+from dptrain.cli.train_options import (
+    MODELS,
+    TrainOptions,
+    accepted_keys,
+    check_batch_split,
+    resolve,
+)
+from dptrain.dist import DistEnv, resolve_env
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -66,9 +72,21 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     return options
 
 
+def job_world_size(options: TrainOptions, env: DistEnv) -> tuple[int, str]:
+    """The world size the job will really have, and where it comes from: the launcher's when
+    one started this process (whatever --nproc says), else the processes started here."""
+    if env.launcher != "single":
+        return env.world_size, f"from {env.launcher}"
+    nnodes = getattr(options, "nnodes", 1)
+    if nnodes > 1:
+        return options.nproc * nnodes, f"--nnodes {nnodes} x --nproc {options.nproc}"
+    return options.nproc, f"--nproc {options.nproc}"
+
+
 def train_command(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     env = resolve_env()
+    check_batch_split(options.batch_size, *job_world_size(options, env))
     if env.launcher != "single" or (options.nproc == 1 and options.max_restarts == 0):
         # Already one of the launcher's processes (torchrun, mpirun, srun), or one is enough.
         from dptrain.cli.train_worker import run_training

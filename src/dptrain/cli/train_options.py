@@ -108,9 +108,6 @@ class TrainOptions:
         for name in ("checkpoint_every", "patience", "max_restarts"):
             if getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")
-        if self.batch_size % self.nproc:
-            raise ConfigError(f"batch-size {self.batch_size} must be divisible by nproc "
-                              f"{self.nproc} (every process takes an equal share)")
         if self.timeout <= 0:
             raise bad("timeout", "a number of seconds > 0")
         if not 0.0 <= self.dropout < 1.0:
@@ -130,6 +127,13 @@ class TrainOptions:
     @classmethod
     def from_json(cls, text: str) -> TrainOptions:
         return cls(**json.loads(text))
+
+def check_batch_split(batch_size: int, world_size: int, source: str) -> None:
+    """The global batch splits evenly over the job's real world size (`source` says whose)."""
+    if batch_size % world_size:
+        raise ConfigError(f"batch-size {batch_size} must be divisible by the world size "
+                          f"{world_size} ({source}): every process takes an equal share")
+
 
 def model_file_sha256(model: str) -> str | None:
     """sha256 of the file of a `PATH.py:FUNCTION` model spelling; None for a built-in name.
