@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from dptrain import dist as dd
+from dptrain.cli.train_options import TrainOptions
+from dptrain.cli.train_worker import agreed_run_dir
 from dptrain.data import ArrayDataset, Split, load_digits
 from dptrain.dist import init_distributed
+from dptrain.dist.job import stamp
 from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
 from dptrain.tagi import manual_seed
 from dptrain.train import TrainConfig, Trainer
@@ -27,6 +30,9 @@ def _two_nodes(rank: int, world_size: int, base: str) -> dict:
     os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank))
     runtime = init_distributed()
     assert (runtime.env.local_rank, runtime.env.node_rank) == (0, rank)
+    # Without --out or a job id, rank 0 names the run directory for everyone (the ranks' own
+    # clocks differ here by a year).
+    run_dir = agreed_run_dir(TrainOptions(), started_at=1.7e9 + rank * 3.2e7)
     base_dir = Path(base)
     digits = load_digits()
     small = Split(name="digits-small", task="classification", num_classes=10,
@@ -49,7 +55,7 @@ def _two_nodes(rank: int, world_size: int, base: str) -> dict:
     resumed = fit(base_dir / ("nodeA" if rank == 0 else "nodeB"), 3)
     clean = fit(base_dir / f"clean{rank}", 3)
     return {"resumed": resumed, "clean": clean, "newest": str(steps[0]),
-            "node_a": [p.name for p in ckpt.list_steps(base_dir / "nodeA" / "checkpoints")]}
+            "run_dir": run_dir, "node_a": [p.name for p in ckpt.list_steps(base_dir / "nodeA" / "checkpoints")]}
 
 
 def test_the_newest_checkpoint_of_any_node_wins_and_its_holder_broadcasts_it(tmp_path):
@@ -59,4 +65,6 @@ def test_the_newest_checkpoint_of_any_node_wins_and_its_holder_broadcasts_it(tmp
         assert r["resumed"]["params_sha256"] == r["clean"]["params_sha256"]
         assert r["resumed"]["final_epoch"] == 3
     assert results[0]["node_a"][0] > Path(results[0]["newest"]).name  # rank 0 wrote on node A
+    assert results[0]["run_dir"] == results[1]["run_dir"] == \
+        f"runs/tagi-mlp-digits-{stamp(1.7e9)}"
     assert (tmp_path / "nodeA" / "epochs.csv").read_text().count("\n") == 4  # header + 3

@@ -173,3 +173,24 @@ def test_sharded_fsdp_run_killed_mid_epoch_resumes_bit_exactly(tmp_path):
     assert (tmp_path / "killed" / "checkpoints" / "step-00000016" / "sharded").is_dir()
     assert _summary(tmp_path / "killed")["params_sha256"] == \
         _summary(tmp_path / "clean")["params_sha256"]
+
+
+def test_under_torchrun_without_out_a_restarted_attempt_finds_its_run_directory(tmp_path):
+    """torchrun without --rdzv-id names no job (run id "none"): rank 0 names the directory after
+    the agent's start time, which the restarted attempt shares, and so it resumes. (A job id, when
+    there is one, names it instead: see test_train_options.)"""
+    from tests._cli import PYTHON, base_env
+    from tests._world import free_port
+
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           "--max-restarts=1", "-m", "dptrain", "train",
+           "--epochs", "1", "--hidden", "16", "--batch-size", "64", "--checkpoint-every", "5",
+           "--no-progress"]
+    env = base_env(DPTRAIN_FAIL_AT="1:7", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    result = run(cmd, env=env, cwd=tmp_path, timeout_s=240)
+    assert result.returncode == 0, result.output
+    assert "fault injection: SIGKILL at step 7" in result.output
+    dirs = list((tmp_path / "runs").iterdir())
+    assert len(dirs) == 1 and dirs[0].name.startswith("tagi-mlp-digits-"), dirs
+    assert "resumed from" in result.stdout and "step-00000005" in result.stdout

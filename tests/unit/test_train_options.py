@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dptrain.cli.main import build_parser
@@ -17,7 +19,42 @@ def test_defaults_are_the_main_job():
     o = _options()
     assert (o.model, o.dataset, o.nproc, o.epochs, o.batch_size) == ("tagi-mlp", "digits", 2,
                                                                       10, 32)
-    assert o.out.startswith("runs/tagi-mlp-")
+    assert o.out == ""  # decided by with_run_dir, which knows the launcher
+
+
+def test_the_run_directory_is_named_after_model_dataset_and_job_or_time():
+    from dptrain.cli.train import with_run_dir
+    from dptrain.dist import resolve_env
+
+    single = resolve_env({})
+    o = with_run_dir(_options(), single)
+    assert re.fullmatch(r"runs/tagi-mlp-digits-\d{8}-\d{6}", o.out), o.out
+    assert with_run_dir(_options("--out", "mine"), single).out == "mine"
+    named = with_run_dir(_options("--dataset", "csv:/data/my wine.csv"), single).out
+    assert named.startswith("runs/tagi-mlp-csv-my-wine-"), named
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+                "TORCHELASTIC_RUN_ID": "job42"}
+    assert with_run_dir(_options(), resolve_env(torchrun), torchrun).out == \
+        "runs/tagi-mlp-digits-job42"
+    # torchrun's default run id "none" names no job: rank 0 decides once the group runs.
+    static = {**torchrun, "TORCHELASTIC_RUN_ID": "none"}
+    assert with_run_dir(_options(), resolve_env(static), static).out == ""
+
+
+@pytest.mark.parametrize("launcher,environ,expected", [
+    ("torchrun", {"TORCHELASTIC_RUN_ID": "abc-1"}, "abc-1"),
+    ("torchrun", {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}, "77"),
+    ("torchrun", {"TORCHELASTIC_RUN_ID": "none"}, None),
+    ("slurm", {"SLURM_JOB_ID": "1234"}, "1234"),
+    ("openmpi", {"OMPI_MCA_ess_base_jobid": "2519/1", "SLURM_JOB_ID": "9"}, "2519-1"),
+    ("openmpi", {"OMPI_MCA_orte_ess_jobid": "31"}, "31"),
+    ("openmpi", {"PMIX_NAMESPACE": "prterun-host-1234@1"}, "prterun-host-1234-1"),
+    ("env", {}, None),
+])
+def test_job_ids_of_the_launchers(launcher, environ, expected):
+    from dptrain.dist.job import job_id
+
+    assert job_id(launcher, environ) == expected
 
 
 def test_flags_win_over_the_toml_file(tmp_path):

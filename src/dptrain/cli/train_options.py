@@ -64,7 +64,8 @@ class TrainOptions:
     accumulation_steps: int = 1
     """Torch models: micro-batches per optimizer step (one all-reduce per step)."""
     out: str = ""
-    """Run directory; empty: runs/<model>-<dataset>-<time>."""
+    """Run directory; empty: runs/<model>-<dataset>-<time>, or -<job id> under a launcher that
+    names the job (torchrun's run id, Slurm's or OpenMPI's job id)."""
     checkpoint_every: int = 0
     """Also checkpoint every this many steps (0: only at epoch ends)."""
     keep_last: int = 3
