@@ -1,5 +1,6 @@
-"""One run per directory (DESIGN contract 8): a resume with options that change the run is
-refused in one line naming them, before anything is loaded; `resume="never"` never mixes runs."""
+"""One run per directory (docs/design.md, contract 8): a resume with options that change the
+run is refused in one line naming them, before anything is loaded; `resume="never"` never mixes
+runs."""
 
 from __future__ import annotations
 
