@@ -72,6 +72,7 @@ def test_flags_win_over_the_toml_file(tmp_path):
     (["--epochs", "0"], None, "epochs: expected an integer >= 1, got 0"),
     (["--precision", "bf16"], None, "precision bf16 is for torch models"),
     (["--model", "torch-mlp", "--precision", "64"], None, "precision 64 is for TAGI models"),
+    (["--resume", "never", "--max-restarts", "1"], None, "which --resume never forbids"),
     (["--dropout", "1"], None, "dropout: expected a probability in [0, 1), got 1.0"),
     (["--dropout", "0.1"], None, "dropout is for the torch-mlp model, not tagi-mlp"),
     (["--fail-at", "x"], None, "fail-at must be RANK:STEP with non-negative integers, got 'x'"),

@@ -119,6 +119,9 @@ class TrainOptions:
             raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
         if self.resume not in ("auto", "never"):
             raise bad("resume", "auto or never")
+        if self.resume == "never" and self.max_restarts:
+            raise ConfigError("max-restarts restarts the job from its checkpoints, which "
+                              "--resume never forbids: use one or the other")
         if self.fail_at:
             FailAt.parse(self.fail_at)
 
