@@ -16,9 +16,8 @@ sharded checkpoint too), is reported and skipped in favour of the previous one.
 Every rank writes its shards of a sharded checkpoint into the same folder, and every rank reads
 them back from it: sharded checkpoints need a run directory on a filesystem all nodes share
 (replicated ones do not; see `Trainer._maybe_resume`). A sharded checkpoint directory is trusted
-input: the checksums catch corruption, not tampering,
-and torch's distributed-checkpoint loader unpickles its `.metadata` file. Load only checkpoints
-your own runs wrote. (`state.pt` is read with `weights_only=True` and executes no code.)
+input: the checksums catch corruption, not tampering, and torch's distributed-checkpoint loader
+unpickles its `.metadata` file. Load only checkpoints your own runs wrote. (`state.pt` is read with `weights_only=True` and executes no code.)
 """
 
 from __future__ import annotations
