@@ -128,24 +128,40 @@ def _params(out: Path) -> str:
     return json.loads((out / "summary.json").read_text())["params_sha256"]
 
 
+def _with_own_dir(own: Path, at: Path, *argv: str) -> list[str]:
+    """`argv` seeing directory `own` at path `at`: `ip netns exec` gives every command its own
+    mount namespace, so the bind mount is this host's alone, as a local disk would be."""
+    script = 'own=$0 at=$1; shift; mount --bind "$own" "$at" && exec "$@"'
+    return ["sh", "-c", script, str(own), str(at), *argv]
+
+
 def test_dptrain_train_across_two_hosts_resumes_bit_exactly_after_a_kill(
         two_hosts, tmp_path):  # noqa: F811
     """Rank 1 (on host b) is SIGKILLed at step 12; both agents restart their worker, which
     resumes from the step-10 checkpoint; the result equals an uninterrupted run bit for bit.
-    One run directory serves both hosts (the namespaces share this machine's files)."""
+    No shared filesystem: both hosts use the same --out path, but each sees its own disk there
+    (only host a, rank 0's, ever holds checkpoints; it reads and broadcasts them)."""
     clean = run(dptrain_cmd(*TRAIN, "--nproc", "2", "--out", str(tmp_path / "clean")),
                 timeout_s=120)
     assert clean.returncode == 0, clean.output
-    out = tmp_path / "killed"
+    disks = [tmp_path / "disk-a", tmp_path / "disk-b"]
+    mount_point = tmp_path / "local"
+    for d in (*disks, mount_point):
+        d.mkdir()
     nodes = Nodes(two_hosts, [
-        [PYTHON, "-m", "dptrain", *TRAIN, "--nproc", "1", "--nnodes", "2", "--node-rank",
-         str(rank), "--rdzv-endpoint", _endpoint(two_hosts.a, 29402), "--out", str(out),
-         "--fail-at", "1:12", "--max-restarts", "1"]
-        for rank in (0, 1)], tmp_path)
+        _with_own_dir(disk, mount_point, PYTHON, "-m", "dptrain", *TRAIN, "--nproc", "1",
+                      "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint",
+                      _endpoint(two_hosts.a, 29402), "--out", str(mount_point / "run"),
+                      "--fail-at", "1:12", "--max-restarts", "1")
+        for rank, disk in enumerate(disks)], tmp_path)
     assert nodes.wait(120) == [0, 0], nodes.output(0) + nodes.output(1)
     assert "[rank 1] fault injection: SIGKILL at step 12" in nodes.output(1)
     assert "resumed from" in nodes.output(0) + nodes.output(1)
-    assert _params(out) == _params(tmp_path / "clean")
+    assert not list(mount_point.iterdir()), "the hosts' disks stay their own"
+    assert list((disks[0] / "run" / "checkpoints").glob("step-*"))
+    assert not (disks[1] / "run" / "checkpoints").exists() or \
+        not list((disks[1] / "run" / "checkpoints").glob("step-*"))
+    assert _params(disks[0] / "run") == _params(tmp_path / "clean")
 
 
 def test_a_node_whose_peer_vanished_exits_within_the_timeout(two_hosts, tmp_path):  # noqa: F811
