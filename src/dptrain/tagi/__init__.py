@@ -37,9 +37,11 @@ from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.blocks import LayerBlock, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
+from dptrain.tagi.norm import BatchNorm2d, LayerNorm
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
 from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
@@ -50,6 +52,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
     "AvgPool2d",
+    "BatchNorm2d",
     "Conv2d",
     "DDPConfig",
     "DDPSequential",
@@ -57,6 +60,8 @@ __all__ = [
     "HRCSoftmax",
     "HiddenStates",
     "Layer",
+    "LayerBlock",
+    "LayerNorm",
     "LeakyReLU",
     "Linear",
     "MaxPool2d",
@@ -67,6 +72,7 @@ __all__ = [
     "ParamLayer",
     "ReLU",
     "Remax",
+    "ResNetBlock",
     "Sequential",
     "Sigmoid",
     "Softplus",
