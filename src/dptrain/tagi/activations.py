@@ -92,3 +92,31 @@ class Softplus(Activation):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         jcb = torch.sigmoid(mu_z)
         return F.softplus(mu_z), var_z * jcb * jcb, jcb
+
+
+class EvenExp(Activation):
+    """Heteroscedastic head: outputs come in pairs (mean, noise variance) per target.
+
+    Even positions (0, 2, ...) pass through unchanged, incoming J included. Odd positions hold
+    the log of the observation noise variance before the layer and T = exp(Z) after it, with
+    the log-normal moments m_T = exp(m_Z + v_Z/2), v_T = exp(2 m_Z + v_Z)(exp(v_Z) − 1) and
+    J = Cov(T, Z)/v_Z = m_T.
+
+    Deliberate difference from the pytagi 0.2.1 wheel: it uses J = v_Z m_T (the covariance,
+    not divided by v_Z), which cuTAGI later corrected; see docs/tagi.md, Heteroscedastic
+    regression.
+    """
+
+    def moments(self, mu_z: torch.Tensor, var_z: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if mu_z.dim() != 2 or mu_z.shape[1] % 2:
+            raise ValueError(f"EvenExp needs (batch, 2 x targets) states laid out as (mean, "
+                             f"noise) pairs, got shape {tuple(mu_z.shape)}")
+        pairs = (mu_z.shape[0], mu_z.shape[1] // 2, 2)
+        mu_mean, mu_log_noise = mu_z.reshape(pairs).unbind(2)
+        var_mean, var_log_noise = var_z.reshape(pairs).unbind(2)
+        mu_t = torch.exp(mu_log_noise + 0.5 * var_log_noise)
+        var_t = mu_t * mu_t * torch.expm1(var_log_noise)
+        return (torch.stack([mu_mean, mu_t], 2).view(mu_z.shape),
+                torch.stack([var_mean, var_t], 2).view(mu_z.shape),
+                torch.stack([torch.ones_like(mu_t), mu_t], 2).view(mu_z.shape))
