@@ -152,4 +152,5 @@ def test_world_size_one_runs_without_a_process_group():
     _train_step(reference, x, labels, hrc, updater)
     assert torch.equal(ddp.model.flat_params, reference.flat_params)
     assert ddp.num_collectives == 0 and not torch.distributed.is_initialized()
+    assert ddp.model.cap_batch_size is None  # scoped to the step: the model alone is unaffected
     ddp.check_replicas()
