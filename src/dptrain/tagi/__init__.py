@@ -29,9 +29,17 @@ NaN targets are missing observations (zero innovation). A heteroscedastic head
 (`EvenExp()` last, outputs in (mean, noise variance) pairs) learns the noise per input with
 `updater.update_heteros(net.output_z_buffer, y, net.input_delta_z_buffer)`; `split_heteros`
 splits its prediction into mean, epistemic and aleatoric variance. `net.state_dict()` holds
-`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
-plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
-and `cap_batch_size` (see `Sequential`).
+`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`, and BatchNorm's running statistics
+`"<layer>.mu_ra"`, `".var_ra"`, `".num_batches_tracked"` (state, not parameters; layers inside
+blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save(path)` /
+`net.load(path)` store plain tensors only. A data-parallel wrapper uses `named_delta_tensors()`
+(or `flat_deltas`), `flat_state` and `cap_batch_size` (see `Sequential`).
+
+Residual networks with normalisation, e.g. a block with a projection shortcut::
+
+    block = ResNetBlock(LayerBlock(Conv2d(16, 32, 3, padding=1), BatchNorm2d(32), ReLU(),
+                                   Conv2d(32, 32, 3, padding=1), BatchNorm2d(32)),
+                        LayerBlock(Conv2d(16, 32, 1), BatchNorm2d(32)))
 
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
