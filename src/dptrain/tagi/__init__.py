@@ -41,12 +41,6 @@ Image networks take NCHW states, e.g. pytagi's MNIST CNN::
                      AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
                      Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
     mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
-
-Residual networks with normalisation, e.g. a block with a projection shortcut::
-
-    block = ResNetBlock(LayerBlock(Conv2d(16, 32, 3, padding=1), BatchNorm2d(32), ReLU(),
-                                   Conv2d(32, 32, 3, padding=1), BatchNorm2d(32)),
-                        LayerBlock(Conv2d(16, 32, 1), BatchNorm2d(32)))
 """
 
 from __future__ import annotations
