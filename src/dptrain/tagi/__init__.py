@@ -2,7 +2,7 @@
 
 Every weight is a Gaussian; a step propagates means and variances forward, updates the output
 with the observation, sends innovations back, and applies capped parameter increments. There is
-no loss and no autograd. Equations: TAGI_MATH.md. Runs on CPU or CUDA tensors, float32 by
+no loss and no autograd. Equations: docs/tagi.md. Runs on CPU or CUDA tensors, float32 by
 default (`Sequential(..., dtype=torch.float64)` or `net.to(torch.float64)` for float64).
 
 Usage (classification with the hierarchical softmax)::
