@@ -155,3 +155,11 @@ def test_shape_mismatch_names_the_block_and_both_shapes():
         net(torch.randn(2, 3, dtype=F64))
     with pytest.raises(TypeError, match="main_block must be a dptrain.tagi layer"):
         ResNetBlock("conv")
+
+
+def test_network_starting_with_a_block_takes_pytagi_flat_inputs():
+    manual_seed(0)
+    net = Sequential(ResNetBlock(LayerBlock(Conv2d(2, 2, 3, padding=1, in_width=4,
+                                                   in_height=4))), Linear(32, 2), dtype=F64)
+    x = torch.randn(3, 2, 4, 4, generator=gen(7), dtype=F64)
+    assert torch.equal(net(x)[0], net(x.reshape(-1))[0])

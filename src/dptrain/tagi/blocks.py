@@ -79,6 +79,10 @@ class ResNetBlock(Layer):
             children.append(("short", self.short))
         return children
 
+    def input_sample_shape(self) -> tuple[int, ...] | None:
+        """The main block's, so a network starting with a block takes pytagi's flat inputs."""
+        return self.main.input_sample_shape()
+
     def clear_cache(self) -> None:
         for _, child in self.named_children():
             child.clear_cache()
