@@ -40,10 +40,12 @@ from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
+from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.ddp import DDPSequential
@@ -51,6 +53,8 @@ from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
+    "AvgPool2d",
+    "Conv2d",
     "DDPConfig",
     "DDPSequential",
     "DeltaStates",
@@ -61,6 +65,7 @@ __all__ = [
     "Layer",
     "LeakyReLU",
     "Linear",
+    "MaxPool2d",
     "MixtureReLU",
     "MixtureSigmoid",
     "MixtureTanh",

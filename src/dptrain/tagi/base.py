@@ -134,6 +134,12 @@ class Layer:
     def clear_cache(self) -> None:
         """Drop what the last training forward stored for backward (after a device change)."""
 
+    def input_sample_shape(self) -> tuple[int, ...] | None:
+        """The shape of one input sample when this layer knows it and it is not flat, e.g.
+        (C, H, W) of a Conv2d given in_width/in_height; a network starting with such a layer
+        reshapes pytagi's flat inputs to it. None: inputs are taken as they come."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -146,7 +146,8 @@ class Sequential(Layer):
         """Propagate moments; returns (mu, var) of the output, each (B, N) torch tensors.
 
         `mu_x`: (B, I) (or (B, C, H, W)) tensor or array, converted to the network's dtype and
-        device; `var_x`: its variances (default 0). Raises ValueError for NaN/inf or negative
+        device; `var_x`: its variances (default 0). A network whose first layer is a Conv2d
+        given in_width/in_height also takes pytagi's flat (B, C·H·W) or (B·C·H·W,) arrays. Raises ValueError for NaN/inf or negative
         input variances, and (from the first layer) for a wrong input shape. In training mode
         the batch size is recorded for the step cap. The innovations of an earlier update are
         discarded, so a `backward()` without a fresh update fails instead of reusing them.
@@ -156,7 +157,8 @@ class Sequential(Layer):
             with torch.no_grad():
                 return self._forward_states(mu_x)
         self.input_delta_z_buffer.delta_mu = self.input_delta_z_buffer.delta_var = None
-        mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs)
+        mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs,
+                           self.input_sample_shape())
         with torch.no_grad():
             states = self._forward_states(HiddenStates(mu, var, None))
         if self.training:
@@ -166,6 +168,14 @@ class Sequential(Layer):
         return states.mu_a, states.var_or_zeros()
 
     __call__ = forward
+
+    def input_sample_shape(self) -> tuple[int, ...] | None:
+        """The first parametric layer's sample shape, e.g. (C, H, W) of a Conv2d built with
+        in_width/in_height: `forward` then also accepts pytagi's flat (B, C·H·W) and (B·C·H·W,)
+        inputs and reshapes them (C-major, as `torch.flatten`)."""
+        if self._first_param == len(self.layers):
+            return None
+        return self.layers[self._first_param].input_sample_shape()
 
     def _forward_states(self, states: HiddenStates) -> HiddenStates:
         for layer in self.layers:
