@@ -7,10 +7,12 @@ samples per second per process here."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from dptrain.cli.main import main
 from dptrain.data.datasets.synthetic import write_synthetic_cifar10, write_synthetic_mnist
@@ -50,6 +52,16 @@ def test_builtin_image_models_train_on_two_processes(tmp_path, data, model, data
     summary = _summary(out)
     assert summary["world_size"] == 2 and summary["final_epoch"] == 1
     assert 0 <= summary["test_error"] <= 1
+    # the trained model, in one process, reproduces the run's own test metric
+    table = tmp_path / "predictions.csv"
+    assert main(["predict", str(out), "--out", str(table)]) == 0
+    with open(table) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == (32 if dataset == "mnist" else 16)
+    wrong = sum(r["label"] != r["predicted"] for r in rows)
+    assert wrong / len(rows) == pytest.approx(summary["test_error"], abs=1e-12)
+    if model.startswith("tagi"):
+        assert all(float(r["p0_var"]) >= 0 for r in rows)
 
 
 def test_killed_run_resumes_bit_exactly_with_augmentation_and_sigma_v_schedule(tmp_path, data):
@@ -114,3 +126,20 @@ def test_user_model_files_train_and_bad_ones_fail_before_workers_start(tmp_path,
         assert len(lines) == 1 and message in lines[0], err
         assert lines[0].startswith("dptrain train: error:")
         assert not (tmp_path / "bad" / "options.json").exists()  # no worker was launched
+
+
+def test_load_run_predicts_regression_in_data_units(tmp_path, capsys):
+    import dptrain
+
+    out = tmp_path / "toy"
+    assert main(["train", "--dataset", "toy1d", "--nproc", "1", "--epochs", "3",
+                 "--batch-size", "4", "--sigma-v", "0.3", "--hidden", "16", "--no-progress",
+                 "--out", str(out)]) == 0
+    run = dptrain.load_run(out, which="last")
+    prediction = run.predict_split(run.load_data())
+    rmse = ((prediction.mean - prediction.targets) ** 2).mean().sqrt().item()
+    assert rmse == pytest.approx(_summary(out)["test_rmse"], rel=1e-5)
+    assert (prediction.var > 0.3 ** 2 * run.y_norm.std ** 2 * 0.999).all()  # σ_v² in data units
+    raw_x = run.load_data().x_norm.invert(run.load_data().test.x[:5])
+    mean, var = run.predict(raw_x)
+    torch.testing.assert_close(mean, prediction.mean[:5])
