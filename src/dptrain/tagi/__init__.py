@@ -40,9 +40,11 @@ from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.blocks import LayerBlock, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
+from dptrain.tagi.norm import BatchNorm2d, LayerNorm
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
 from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
@@ -54,6 +56,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
     "AvgPool2d",
+    "BatchNorm2d",
     "Conv2d",
     "DDPConfig",
     "DDPSequential",
@@ -63,6 +66,8 @@ __all__ = [
     "HeteroscedasticPrediction",
     "HiddenStates",
     "Layer",
+    "LayerBlock",
+    "LayerNorm",
     "LeakyReLU",
     "Linear",
     "MaxPool2d",
@@ -73,6 +78,7 @@ __all__ = [
     "ParamLayer",
     "ReLU",
     "Remax",
+    "ResNetBlock",
     "Sequential",
     "Sigmoid",
     "Softplus",
