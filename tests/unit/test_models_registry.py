@@ -182,3 +182,52 @@ def test_augmentation_depends_on_seed_epoch_and_index_only(tmp_path):
     assert not torch.equal(aug[torch.arange(40)][0], whole)
     assert not torch.equal(split.train[torch.arange(40)][0], whole)  # test/plain: untouched
     assert np.isclose(float(split.train.raw.float().mean()), float(aug.raw.float().mean()))
+
+
+def _describe(layer) -> str:
+    """A compact spelling of a TAGI layer, to compare with pytagi's ResNet18 listing."""
+    from dptrain.tagi import AvgPool2d, BatchNorm2d, Conv2d, Linear, MixtureReLU
+    if isinstance(layer, Conv2d):
+        w = layer.window
+        return f"C{layer.in_channels}>{layer.out_channels}k{w.kernel}s{w.stride}p{w.padding}" \
+               f"t{w.padding_type}{'b' if layer.bias else ''}"
+    if isinstance(layer, MixtureReLU):
+        return "M"
+    if isinstance(layer, BatchNorm2d):
+        return "B"
+    if isinstance(layer, AvgPool2d):
+        return f"A{layer.kernel_size}"
+    if isinstance(layer, Linear):
+        return f"L{layer.input_size}>{layer.output_size}"
+    return type(layer).__name__
+
+
+def test_tagi_resnet18_is_pytagis_cifar10_resnet18():
+    """Layer by layer as pytagi's `resnet18_cifar10`: 3x3 conv (no bias) - MixtureReLU -
+    BatchNorm2d everywhere, stride-2 convs with padding_type 2, 2x2 stride-2 projections,
+    AvgPool2d(4), Linear(512, 11); initial weight variances scaled by gain² = 0.083²."""
+    if not _has_tagi_batchnorm():
+        pytest.skip("the TAGI engine has no BatchNorm2d yet")
+    from dptrain.tagi import ResNetBlock, manual_seed
+    manual_seed(0)
+    net = build_model("tagi-resnet18", (3, 32, 32), 11, ModelOptions(gain_weight=0.083))
+    plan = []
+    for layer in net.layers:
+        if isinstance(layer, ResNetBlock):
+            main = " ".join(_describe(x) for x in layer.main.layers)
+            short = "" if layer.short is None else \
+                " | " + " ".join(_describe(x) for x in layer.short.layers)
+            plan.append(f"[{main}{short}]")
+        else:
+            plan.append(_describe(layer))
+    cbm = "C{0}>{1}k3s1p1t1 M B C{1}>{1}k3s1p1t1 M B"
+    down = "C{0}>{1}k3s2p1t2 M B C{1}>{1}k3s1p1t1 M B | C{0}>{1}k2s2p0t1 M B"
+    assert plan == ["C3>64k3s1p1t1", "M", "B",
+                    f"[{cbm.format(64, 64)}]", f"[{cbm.format(64, 64)}]",
+                    f"[{down.format(64, 128)}]", f"[{cbm.format(128, 128)}]",
+                    f"[{down.format(128, 256)}]", f"[{cbm.format(256, 256)}]",
+                    f"[{down.format(256, 512)}]", f"[{cbm.format(512, 512)}]",
+                    "A4", "L512>11"]
+    # He init: v_w = (gain · sqrt(1 / (C k²)))², for the stem C k² = 27
+    mean_var = net.state_dict()["0.var_w"].mean().item()
+    assert mean_var == pytest.approx((0.083 ** 2) / 27, rel=1e-5)
