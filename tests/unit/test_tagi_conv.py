@@ -255,15 +255,17 @@ def test_state_dict_save_load_and_to(tmp_path):
 
 @pytest.mark.parametrize("build,x_shape,message", [
     (lambda: Conv2d(3, 4, 3), (2, 2, 6, 6),
-     r"layer 0 \(Conv2d\(3, 4, 3.*\)\): expected 3 input channels, got input of shape "
-     r"\(2, 2, 6, 6\)"),
+     r"layer 0 \(Conv2d\(3, 4, 3.*\)\): expected 3 input channels \(batch, 3, height, "
+     r"width\), got input of shape \(2, 2, 6, 6\)"),
     (lambda: Conv2d(2, 4, 5), (2, 2, 3, 3),
-     r"Conv2d\(2, 4, 5.*: the input height 3 \(\+ padding 0\) is smaller than the kernel 5"),
+     r"Conv2d\(2, 4, 5.*: the input height 3 \(\+ padding 0\) is smaller than the kernel 5 "
+     r"\(input of shape \(2, 2, 3, 3\)\)"),
     (lambda: Conv2d(2, 4, 3, stride=2), (2, 2, 6, 6),
      r"input height 6 does not fit: \(input height − kernel \+ padding\) = 3 is not a "
      r"multiple of the stride 2"),
     (lambda: Conv2d(2, 4, 3, in_width=6, in_height=6), (2, 2, 8, 8),
-     r"built for 6x6 images \(in_height x in_width\), got input of shape \(2, 2, 8, 8\)"),
+     r"built for 6x6 images \(in_height x in_width\), expected \(batch, 2, 6, 6\), got input "
+     r"of shape \(2, 2, 8, 8\)"),
     (lambda: Conv2d(2, 4, 3), (2, 72),
      r"expected an image input \(batch, 2, height, width\), got shape \(2, 72\)"),
 ])
@@ -293,3 +295,16 @@ def test_linear_after_conv_of_the_wrong_size_names_both_shapes():
 def test_construction_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Conv2d(2, 4, 3, **kwargs)
+
+
+def test_package_docstring_cnn_example_runs():
+    """The image-network example in dptrain.tagi's docstring is kept runnable."""
+    import textwrap
+
+    import dptrain.tagi
+
+    example = dptrain.tagi.__doc__.split("::")[2]
+    namespace: dict = {name: getattr(dptrain.tagi, name) for name in dptrain.tagi.__all__}
+    namespace["torch"] = torch
+    exec(textwrap.dedent(example), namespace)  # noqa: S102
+    assert namespace["mu"].shape == (32, 11) and namespace["var"].shape == (32, 11)

@@ -47,3 +47,17 @@ def test_pytagi_flat_inputs_give_the_same_numbers(name):
 def test_float32_replay_matches_pytagi(name):
     """pytagi computes in float32 too; summation orders differ, hence the looser bound."""
     replay(BUILDERS[name](torch.float32), load_case(name), rtol=2e-4).assert_ok()
+
+
+def test_the_harness_notices_a_different_network():
+    """A wrong layer (MixtureReLU where pytagi had ReLU) fails the replay, and naming exactly
+    the failing comparisons as expected differences is what makes it pass."""
+    wrong = Sequential(Linear(5, 6), MixtureReLU(), Linear(6, 6), MixtureReLU(), Linear(6, 3),
+                       dtype=F64)
+    result = replay(wrong, load_case("fnn"))
+    assert "step0 out_mu" in result.failures and "step0 0.delta_mu_w" in result.failures
+    with pytest.raises(AssertionError, match="comparisons differ from pytagi"):
+        result.assert_ok()
+    result.assert_ok(expected_failures=set(result.failures))
+    with pytest.raises(AssertionError, match="expected to differ from pytagi but agree"):
+        replay(_fnn(F64), load_case("fnn")).assert_ok(expected_failures={"step0 out_mu"})

@@ -186,8 +186,9 @@ def test_forward_errors_name_the_layer_and_the_shape():
     net = Sequential(Conv2d(1, 2, 3), AvgPool2d(2))
     with pytest.raises(ValueError, match=r"layer 1 \(AvgPool2d\(2, stride=2\)\): input height 5 "
                                          r"does not fit: \(input height − kernel \+ padding\) = 3"
-                                         r" is not a multiple of the stride 2"):
+                                         r" is not a multiple of the stride 2 \(input of "
+                                         r"shape \(1, 2, 5, 5\)\)"):
         net(torch.zeros(1, 1, 7, 7))
     with pytest.raises(ValueError, match=r"layer 0 \(MaxPool2d\(2, stride=1\)\): expected an "
-                                         r"image input \(batch, C, H, W\), got shape \(3, 16\)"):
+                                         r"image input \(batch, C, height, width\), got shape \(3, 16\)"):
         Sequential(MaxPool2d(2), Linear(9, 1))(torch.zeros(3, 16))

@@ -32,6 +32,13 @@ splits its prediction into mean, epistemic and aleatoric variance. `net.state_di
 `"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
 plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
 and `cap_batch_size` (see `Sequential`).
+
+Image networks take NCHW states, e.g. pytagi's MNIST CNN::
+
+    net = Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
+                     AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
+                     Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
+    mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
 """
 
 from __future__ import annotations

@@ -67,20 +67,25 @@ class Window:
     def pads_explicitly(self) -> bool:
         return self.padding_type == 2 and self.padding > 0
 
-    def output_size(self, owner: str, size: int, what: str) -> int:
-        """Output length along one dimension of length `size`, or a ValueError naming why."""
+    def output_size(self, owner: str, size: int, what: str, shape: str = "") -> int:
+        """Output length along one dimension of length `size`, or a ValueError naming why
+        (`shape`, e.g. " (input of shape (2, 1, 5, 5))", is appended to the message)."""
         span = size - self.kernel + self.total_padding
         if span < 0:
             raise ValueError(f"{owner}: the {what} {size} (+ padding {self.total_padding}) is "
-                             f"smaller than the kernel {self.kernel}")
+                             f"smaller than the kernel {self.kernel}{shape}")
         if span % self.stride:
             raise ValueError(f"{owner}: {what} {size} does not fit: ({what} − kernel + padding) "
-                             f"= {span} is not a multiple of the stride {self.stride}")
+                             f"= {span} is not a multiple of the stride {self.stride}{shape}")
         return span // self.stride + 1
 
-    def output_hw(self, owner: str, height: int, width: int) -> tuple[int, int]:
-        return (self.output_size(owner, height, "input height"),
-                self.output_size(owner, width, "input width"))
+    def output_hw(self, owner: str, height: int, width: int,
+                  shape: tuple[int, ...] | None = None) -> tuple[int, int]:
+        """(Ho, Wo) for an input of `height` x `width`; `shape` is the whole input's, for the
+        error message."""
+        where = f" (input of shape {tuple(shape)})" if shape is not None else ""
+        return (self.output_size(owner, height, "input height", where),
+                self.output_size(owner, width, "input width", where))
 
     def pad(self, x: torch.Tensor | None, value: float = 0.0) -> torch.Tensor | None:
         """x (B, C, H, W) padded on the right and bottom for type 2; unchanged otherwise."""
@@ -119,11 +124,16 @@ class Window:
         return ", ".join(parts)
 
 
-def check_image(owner: str, x: torch.Tensor, channels: int | None = None) -> None:
-    """x must be (B, C, H, W), with C = `channels` when given."""
+def check_image(owner: str, x: torch.Tensor, channels: int | None = None,
+                hw: tuple[int, int] | None = None) -> None:
+    """x must be (B, C, H, W), with C = `channels` and (H, W) = `hw` when given."""
+    want = (f"(batch, {channels or 'C'}, "
+            + (f"{hw[0]}, {hw[1]})" if hw else "height, width)"))
     if x.dim() != 4:
-        want = f"(batch, {channels}, height, width)" if channels else "(batch, C, H, W)"
         raise ValueError(f"{owner}: expected an image input {want}, got shape {tuple(x.shape)}")
     if channels is not None and x.shape[1] != channels:
-        raise ValueError(f"{owner}: expected {channels} input channels, got input of shape "
-                         f"{tuple(x.shape)} ({x.shape[1]} channels)")
+        raise ValueError(f"{owner}: expected {channels} input channels {want}, got input of "
+                         f"shape {tuple(x.shape)}")
+    if hw is not None and tuple(x.shape[2:]) != tuple(hw):
+        raise ValueError(f"{owner}: built for {hw[0]}x{hw[1]} images (in_height x in_width), "
+                         f"expected {want}, got input of shape {tuple(x.shape)}")

@@ -94,12 +94,9 @@ class Conv2d(ParamLayer):
         self._in_hw: tuple[int, int] = (0, 0)  # (H, W) of the unpadded input
 
     def _check_input(self, mu_a: torch.Tensor) -> None:
-        check_image(self.label, mu_a, self.in_channels)
-        height, width = mu_a.shape[2], mu_a.shape[3]
-        if self.in_width and (height, width) != (self.in_height, self.in_width):
-            raise ValueError(f"{self.label}: built for {self.in_height}x{self.in_width} images "
-                             f"(in_height x in_width), got input of shape {tuple(mu_a.shape)}")
-        self.window.output_hw(self.label, height, width)
+        check_image(self.label, mu_a, self.in_channels,
+                    (self.in_height, self.in_width) if self.in_width else None)
+        self.window.output_hw(self.label, mu_a.shape[2], mu_a.shape[3], mu_a.shape)
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         self._check_input(states.mu_a)

@@ -63,9 +63,10 @@ class Linear(ParamLayer):
             # After a conv stack: flatten C-major, exactly like torch.nn.Flatten (a view).
             mu_a, var_a, jcb = (None if t is None else t.flatten(1) for t in (mu_a, var_a, jcb))
         if mu_a.dim() != 2 or mu_a.shape[1] != self.input_size:
+            image = (f" or (batch, C, H, W) with C·H·W = {self.input_size}"
+                     if states.mu_a.dim() > 2 else "")
             raise ValueError(f"{self.label}: expected input of shape (batch, {self.input_size})"
-                             f" or (batch, C, H, W) with C·H·W = {self.input_size}, got "
-                             f"{tuple(states.mu_a.shape)}")
+                             f"{image}, got {tuple(states.mu_a.shape)}")
         mu_a_sq = mu_a * mu_a
         mu_z = F.linear(mu_a, self.mu_w, self.mu_b)  # (B, O)
         # v_Z = v_A (m_W² + v_W)ᵀ + m_A² v_Wᵀ + v_B, computed as (m_A² + v_A) v_Wᵀ + v_A (m_W²)ᵀ

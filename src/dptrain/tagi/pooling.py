@@ -33,7 +33,8 @@ class _Pool2d(Layer):
 
     def _check(self, states: HiddenStates) -> None:
         check_image(self.label, states.mu_a)
-        self.window.output_hw(self.label, states.mu_a.shape[2], states.mu_a.shape[3])
+        mu_a = states.mu_a
+        self.window.output_hw(self.label, mu_a.shape[2], mu_a.shape[3], mu_a.shape)
 
     def _remember(self, states: HiddenStates) -> None:
         self._jcb = states.jcb

@@ -168,10 +168,11 @@ class Sequential(Layer):
 
         `mu_x`: (B, I) (or (B, C, H, W)) tensor or array, converted to the network's dtype and
         device; `var_x`: its variances (default 0). A network whose first layer is a Conv2d
-        given in_width/in_height also takes pytagi's flat (B, C·H·W) or (B·C·H·W,) arrays. Raises ValueError for NaN/inf or negative
-        input variances, and (from the first layer) for a wrong input shape. In training mode
-        the batch size is recorded for the step cap. The innovations of an earlier update are
-        discarded, so a `backward()` without a fresh update fails instead of reusing them.
+        given in_width/in_height also takes pytagi's flat (B, C·H·W) or (B·C·H·W,) arrays.
+        Raises ValueError for NaN/inf or negative input variances, and (from the first layer)
+        for a wrong input shape. In training mode the batch size is recorded for the step cap.
+        The innovations of an earlier update are discarded, so a `backward()` without a fresh
+        update fails instead of reusing them.
         Given a `HiddenStates` (the call of an enclosing Sequential) it returns `HiddenStates`.
         """
         if isinstance(mu_x, HiddenStates):
