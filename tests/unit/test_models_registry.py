@@ -231,3 +231,9 @@ def test_tagi_resnet18_is_pytagis_cifar10_resnet18():
     # He init: v_w = (gain · sqrt(1 / (C k²)))², for the stem C k² = 27
     mean_var = net.state_dict()["0.var_w"].mean().item()
     assert mean_var == pytest.approx((0.083 ** 2) / 27, rel=1e-5)
+
+
+def test_default_run_directory_of_a_model_file_stays_under_runs():
+    opts = options_from_args(build_parser().parse_args(
+        ["train", "--model", "/tmp/somewhere/my_models.py:small_cnn"]))
+    assert opts.out.startswith("runs/my_models-small_cnn-")

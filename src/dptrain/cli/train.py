@@ -74,8 +74,14 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     options = resolve(flags, args.config)
     if not options.out:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        options = replace(options, out=str(Path("runs") / f"{options.model}-{stamp}"))
+        options = replace(options, out=str(Path("runs") / f"{run_name(options.model)}-{stamp}"))
     return options
+
+
+def run_name(model: str) -> str:
+    """A directory name for a model: its name, or FILE-FUNCTION for PATH/FILE.py:FUNCTION."""
+    path, sep, function = model.rpartition(":")
+    return f"{Path(path).stem}-{function}" if sep and path.endswith(".py") else model
 
 
 def train_command(args: argparse.Namespace) -> int:
