@@ -19,7 +19,7 @@ from dptrain.data import Split, load_dataset
 from dptrain.dist import Runtime, distributed, rank_zero_print, setup_logging
 from dptrain.errors import ConfigError
 from dptrain.learners import TorchLearner
-from dptrain.learners.models import ModelOptions, check_input, get_model
+from dptrain.learners.models import ModelOptions, check_input, get_model, num_outputs
 from dptrain.learners.models import build_model as build_registered
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.user_model import is_model_file, load_user_model, model_file_sha256
@@ -38,7 +38,7 @@ def _model_options(options: TrainOptions) -> ModelOptions:
 def build_model(options: TrainOptions, split: Split) -> tuple[Any, str]:
     """(model, "tagi" | "torch") for this dataset, initialised from `options.seed` (the same on
     every rank). Every mismatch between model and data is a one-line ConfigError."""
-    from dptrain.tagi import HRCSoftmax, manual_seed
+    from dptrain.tagi import manual_seed
 
     classification = split.task == "classification"
     if options.heteroscedastic and classification:
@@ -48,26 +48,21 @@ def build_model(options: TrainOptions, split: Split) -> tuple[Any, str]:
         built = load_user_model(options.model, split.input_shape, task=split.task,
                                 num_classes=split.num_classes,
                                 num_targets=None if classification else split.output_dim,
-                                seed=options.seed)
+                                seed=options.seed, heteroscedastic=options.heteroscedastic)
         model, kind = built.model, built.kind
         if kind == "tagi" and options.precision == "64":
             model.to(torch.float64)
     else:
         kind = get_model(options.model).kind
-        if kind == "torch" and not classification:
-            num_outputs = split.output_dim
-        elif kind == "torch":
-            num_outputs = split.num_classes
-        else:
-            num_outputs = (HRCSoftmax(split.num_classes).num_outputs if classification
-                           else split.output_dim)
+        width = num_outputs(kind, split.task, split.num_classes,
+                            None if classification else split.output_dim)
         try:
             check_input(options.model, split.input_shape)
         except ConfigError as err:
             raise ConfigError(f"dataset {options.dataset}: {err}") from None
         seed_everything(options.seed)
         manual_seed(options.seed)
-        model = build_registered(options.model, split.input_shape, num_outputs,
+        model = build_registered(options.model, split.input_shape, width,
                                  _model_options(options))
     if kind == "tagi" and options.precision not in ("32", "64"):
         raise ConfigError(f"precision {options.precision} is for torch models; {options.model} "

@@ -315,6 +315,19 @@ def check_input(name: str, input_shape: tuple[int, ...]) -> None:
         raise ConfigError(f"model {name} needs images of {need}; the dataset's are {h}x{w}")
 
 
+def num_outputs(kind: Kind, task: str, num_classes: int | None, num_targets: int | None
+                ) -> int:
+    """The output width a learner of `kind` needs: the hierarchical-softmax width for TAGI
+    classification (11 for 10 classes), the number of classes for torch classification, the
+    number of targets for regression."""
+    if task != "classification":
+        return int(num_targets)
+    if kind == "tagi":
+        from dptrain.tagi import HRCSoftmax
+        return HRCSoftmax(num_classes).num_outputs
+    return int(num_classes)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int,
                 options: ModelOptions | None = None) -> Any:
     """A fresh model `name` for samples of `input_shape` with `num_outputs` outputs; seed

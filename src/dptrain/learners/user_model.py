@@ -88,12 +88,15 @@ class UserModel(NamedTuple):
 
 def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
                     num_classes: int | None, num_targets: int | None,
-                    seed: int | None = None) -> UserModel:
-    """Build the user's model for this dataset and check it fits (type and output width)."""
-    from dptrain.tagi import HRCSoftmax, Sequential, manual_seed
+                    seed: int | None = None, heteroscedastic: bool = False) -> UserModel:
+    """Build the user's model for this dataset and check it fits (type and output width).
+    With `heteroscedastic` (TAGI regression), a TAGI model outputs (mean, noise) pairs: twice
+    the targets."""
+    from dptrain.learners.models import num_outputs
+    from dptrain.tagi import Sequential, manual_seed
 
     fn = load_function(spec)
-    torch_width = num_classes if task == "classification" else num_targets
+    torch_width = num_outputs("torch", task, num_classes, num_targets)
 
     def call(width: int) -> Any:
         if seed is not None:
@@ -108,8 +111,9 @@ def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
     model = call(torch_width)
     if isinstance(model, Sequential):
         kind = "tagi"
-        width = (HRCSoftmax(num_classes).num_outputs if task == "classification"
-                 else num_targets)
+        width = num_outputs("tagi", task, num_classes, num_targets)
+        if heteroscedastic:
+            width *= 2
         if width != torch_width:
             model = call(width)
     elif isinstance(model, torch.nn.Module):
@@ -122,6 +126,7 @@ def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
         need = ("the hierarchical-softmax width for "
                 f"{num_classes} classes" if kind == "tagi" and task == "classification"
                 else f"{num_classes} classes" if task == "classification"
+                else f"(mean, noise) pairs for {num_targets} target(s)" if width != torch_width
                 else f"{num_targets} target(s)")
         raise ConfigError(f"--model {spec}: the model outputs {got} values per sample, the "
                           f"learner needs {width} ({need}, passed as num_outputs)")
