@@ -101,7 +101,8 @@ class ImageDataset(ArrayDataset):
     def __getitem__(self, idx):
         if isinstance(idx, slice):
             idx = torch.arange(len(self))[idx]
-        single = isinstance(idx, int) or (isinstance(idx, torch.Tensor) and idx.ndim == 0)
+        single = isinstance(idx, (int, np.integer)) or (isinstance(idx, torch.Tensor)
+                                                        and idx.ndim == 0)
         index = torch.as_tensor(idx).reshape(-1)
         raw = self.raw[index]
         if self.augment_seed is not None:
@@ -116,18 +117,18 @@ class ImageDataset(ArrayDataset):
 
 
 def fit_image_normalisation(raw: torch.Tensor, dim: tuple[int, ...],
-                            chunk: int = 8192) -> Normalisation:
+                            chunk: int = 1024) -> Normalisation:
     """Mean and std of uint8 `raw` over `dim` (which includes the sample axis 0), summed in
-    float64 chunks so no float copy of the whole set is ever made; float32 stats like
-    `Normalisation.fit`."""
-    total = torch.zeros((), dtype=torch.float64)
-    sq = torch.zeros((), dtype=torch.float64)
+    float64 chunks (25 MB for CIFAR-10) so no float copy of the whole set is ever made; float32
+    stats like `Normalisation.fit`."""
+    total = sq = torch.zeros((), dtype=torch.float64)
     count = 0
     for start in range(0, raw.shape[0], chunk):
         part = raw[start:start + chunk].to(torch.float64)
-        total = total + part.sum(dim=dim, keepdim=True)
+        part_sum = part.sum(dim=dim, keepdim=True)
+        total = total + part_sum
         sq = sq + (part * part).sum(dim=dim, keepdim=True)
-        count += part.numel() // max(1, (part.sum(dim=dim, keepdim=True)).numel())
+        count += part.numel() // part_sum.numel()  # values per statistic in this chunk
     mean = total / count
     var = (sq / count - mean * mean).clamp_min(0)
     std = var.sqrt()
