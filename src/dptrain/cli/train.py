@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "fashion-mnist:DIR, cifar10:DIR, csv:PATH, npz:PATH")
     for flag, kind, text in (
             ("nproc", int, "processes on this machine"), ("epochs", int, "epochs"),
-            ("batch-size", int, "global batch per step, split over the processes"),
+            ("batch-size", int, "global batch per step, split over the processes; tagi-resnet18 "
+                                  "defaults to 64 (and --gain to 0.083)"),
             ("seed", int, "seed of the data order, initialisation and every RNG"),
             ("hidden", int, "width of the hidden layers of the MLPs"),
             ("width", int, "channels of the first ResNet stage (64: ResNet18)"),
