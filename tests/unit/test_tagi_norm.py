@@ -161,6 +161,9 @@ def test_running_statistics_momentum_and_evaluation():
     layer = BatchNorm2d(3, momentum=0.8)
     net = Sequential(layer, dtype=F64)
     batches = [_states((4, 3, 2, 2), s)[0] for s in (10, 11, 12)]
+    net.eval()  # an evaluation forward first: the first *training* batch still sets the stats
+    layer.forward(batches[2])
+    net.train()
     mu_ra, var_ra = None, None
     for states in batches:
         layer.forward(states)

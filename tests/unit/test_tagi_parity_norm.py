@@ -1,7 +1,12 @@
 """Parity with the pytagi 0.2.1 wheel for the normalisation layers and residual blocks
 (tests/data/pytagi_fixtures.npz, harness tests/unit/pytagi_parity.py): outputs, every layer's
 deltas and parameters after two training steps, the BatchNorm statistics (running and batch),
-and an eval forward that uses the running statistics."""
+and an eval forward that uses the running statistics.
+
+Two deliberate differences from pytagi are not exercised by these cases and are tested in
+test_tagi_norm.py / test_tagi_blocks.py instead: a residual branch that ends in an activation
+passes that activation's J to its innovations (cuTAGI drops it), and only a training forward
+counts as the first batch of BatchNorm's running statistics (cuTAGI counts any forward)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sequential: the properties of TAGI_MATH.md §15 on whole networks, and the DDP-facing API."""
+"""Sequential: the properties of docs/tagi.md on whole networks, and the DDP-facing API."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_state_dict_names_and_parameter_order():
 
 
 def test_signs_and_positivity():
-    """δv ≤ 0 so Δv_W, Δv_B ≤ 0 (§15.3); forward variances ≥ 0; variances > 0 after step."""
+    """δv ≤ 0 so Δv_W, Δv_B ≤ 0 (docs/tagi.md); forward variances ≥ 0; variances > 0 after step."""
     net = _mlp(F64)
     x, labels = _batch(32)
     for _ in range(5):
@@ -51,7 +51,7 @@ def test_signs_and_positivity():
 
 
 def test_cap_factor_regimes():
-    """c(B) = 0.1 for B = 1, 2 for 1 < B < 256, 3 for B >= 256 (§6)."""
+    """c(B) = 0.1 for B = 1, 2 for 1 < B < 256, 3 for B >= 256 (docs/tagi.md, Capped step)."""
     assert [cap_factor(b) for b in (1, 2, 255, 256, 4096)] == [0.1, 2.0, 2.0, 3.0, 3.0]
     with pytest.raises(ValueError, match="cap batch size must be >= 1, got 0"):
         cap_factor(0)
@@ -59,7 +59,7 @@ def test_cap_factor_regimes():
 
 @pytest.mark.parametrize("batch,cap_batch", [(1, None), (5, None), (256, None), (8, 256)])
 def test_cap_bound(batch, cap_batch):
-    """|Δapplied| ≤ sqrt(v_old)/c(B) for means and variances unless the floor fired (§15.5);
+    """|Δapplied| ≤ sqrt(v_old)/c(B) for means and variances unless the floor fired;
     `cap_batch_size` replaces the forward's batch size in c(B)."""
     net = _mlp(F64)
     net.cap_batch_size = cap_batch
@@ -78,14 +78,68 @@ def test_cap_bound(batch, cap_batch):
         floored = (new == VAR_FLOOR) & kind.startswith("var")
         assert bool((change[~floored] <= bar[~floored] * (1 + 1e-12)).all()), name
         want = proposed[f"{path}.delta_{kind}"]
-        capped += int((want.abs() > bar).sum())
-        unclipped = (want.abs() <= bar) & ~floored
-        torch.testing.assert_close(new[unclipped], old[name][unclipped] + want[unclipped])
+        clipped = want.abs() > bar
+        capped += int(clipped.sum())
+        # Clipped entries move by exactly sign(Δ)·bar, the others by Δ; then the floor rule.
+        moved = old[name] + torch.where(clipped, torch.sign(want) * bar, want)
+        if kind.startswith("var"):
+            moved = torch.where(moved > 0, moved, torch.full_like(moved, VAR_FLOOR))
+        torch.testing.assert_close(new, moved, rtol=1e-12, atol=0)
     assert capped > 0 or batch == 1  # the test exercises the cap (c(1) = 0.1 rarely binds)
 
 
+def test_variance_floor_rule_is_exact():
+    """v_new = v_old + clip(Δv) if that is > 0, else exactly 1e-5: a tiny positive result stays
+    (no 'v ≤ 1e-5' floor), zero and negative results become 1e-5; means are never floored."""
+    from dptrain.tagi.base import capped_update_
+
+    v_old = torch.full((5,), 0.01, dtype=F64)  # c = 0.1 (B = 1): bar = 10·sqrt(v) = 1 ≥ v
+    dv = torch.tensor([-0.01 + 1e-6, -0.01, -0.5, 0.7, -3.0], dtype=F64)
+    params = torch.stack([torch.zeros(5, dtype=F64), v_old])
+    dm = torch.tensor([0.1, -0.6, 0.5, -0.5, 2.0], dtype=F64)
+    capped_update_(params, torch.stack([dm, dv]), 0.1)
+    torch.testing.assert_close(params[0], torch.tensor([0.1, -0.6, 0.5, -0.5, 1.0],
+                                                       dtype=F64), rtol=1e-15, atol=0)
+    want = torch.tensor([1e-6, VAR_FLOOR, VAR_FLOOR, 0.71, VAR_FLOOR], dtype=F64)
+    torch.testing.assert_close(params[1], want, rtol=1e-9, atol=0)
+    assert params[1, 0].item() < VAR_FLOOR and params[1, 1].item() == VAR_FLOOR
+
+
+def test_reassigned_delta_or_state_attribute_is_caught_after_the_first_backward():
+    """A layer that re-binds a delta attribute instead of writing into its view would never be
+    stepped or all-reduced; the first backward names it (and `to()` re-arms the check)."""
+
+    class Rebinding(Linear):
+        def backward(self, delta, need_input_delta):
+            out = super().backward(delta, need_input_delta)
+            self.delta_mu_w = self.delta_mu_w.clone()  # detached from the flat buffer
+            return out
+
+    net = Sequential(Linear(6, 4), ReLU(), Rebinding(4, 11), dtype=F64)
+    x, labels = _batch(4, dtype=F64)
+    with pytest.raises(RuntimeError, match=r"layer 2 \(Linear\(4, 11, bias=True\)\)"
+                                           r"\.delta_mu_w: re-assigned instead of written"):
+        hrc_step(net, x, labels)
+    good = _mlp(F64)
+    hrc_step(good, x, labels)  # the check passes once and is not repeated
+    good.layers[0].mu_b = good.layers[0].mu_b.clone()
+    hrc_step(good, x, labels)
+    good.to(torch.float32)  # rebinds: re-armed, and the rebuilt views are fine
+    hrc_step(good, x.float(), labels)
+
+    from dptrain.tagi import BatchNorm2d
+
+    bn_net = Sequential(Linear(6, 4), BatchNorm2d(4), Linear(4, 11), dtype=F64)
+    bn = bn_net.layers[1]
+    original = bn._update_running
+    bn._update_running = lambda mean, var: (original(mean, var),
+                                            setattr(bn, "mu_ra", mean.clone()))
+    with pytest.raises(RuntimeError, match=r"layer 1 \(BatchNorm2d\(4\)\)\.mu_ra: re-assigned"):
+        hrc_step(bn_net, x, labels)
+
+
 def test_batch_additivity():
-    """Deltas of a batch equal the sum of the deltas of any split of it (§15.6)."""
+    """Deltas of a batch equal the sum of the deltas of any split of it (docs/tagi.md, Linear)."""
     net = Sequential(Linear(6, 16), MixtureReLU(), Linear(16, 8), Sigmoid(), Linear(8, 11),
                      Remax(), dtype=F64)
     x, labels = _batch(9, dtype=F64)
@@ -101,7 +155,7 @@ def test_batch_additivity():
 
 
 def test_float32_agrees_with_float64():
-    """Same seed, same data: float32 forward and trained parameters track float64 (§15.12)."""
+    """Same seed, same data: float32 forward and trained parameters track float64."""
     nets = {dt: _mlp(dt) for dt in (torch.float32, F64)}
     x, labels = _batch(32)
     for dt, net in nets.items():
@@ -160,7 +214,7 @@ def test_named_tensors_are_live_storage():
 
 
 def test_last_batch_size_and_eval_mode():
-    """Eval forwards neither record the batch size nor change parameters (§15.11, §14.12)."""
+    """Eval forwards neither record the batch size nor change parameters (docs/tagi.md)."""
     net = _mlp()
     x, labels = _batch(32)
     hrc_step(net, x, labels, do_step=False)

@@ -1,5 +1,5 @@
 """TorchLearner in one process (no process group): configuration, step arithmetic, precision,
-metrics, checkpoints, and bad input (DESIGN contracts 1, 3 and 6 at world size 1)."""
+metrics, checkpoints, and bad input (docs/design.md, contracts 1, 3 and 6 at world size 1)."""
 
 from __future__ import annotations
 

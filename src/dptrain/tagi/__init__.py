@@ -2,7 +2,7 @@
 
 Every weight is a Gaussian; a step propagates means and variances forward, updates the output
 with the observation, sends innovations back, and applies capped parameter increments. There is
-no loss and no autograd. Equations: TAGI_MATH.md. Runs on CPU or CUDA tensors, float32 by
+no loss and no autograd. Equations: docs/tagi.md. Runs on CPU or CUDA tensors, float32 by
 default (`Sequential(..., dtype=torch.float64)` or `net.to(torch.float64)` for float64).
 
 Usage (classification with the hierarchical softmax)::
@@ -29,9 +29,11 @@ NaN targets are missing observations (zero innovation). A heteroscedastic head
 (`EvenExp()` last, outputs in (mean, noise variance) pairs) learns the noise per input with
 `updater.update_heteros(net.output_z_buffer, y, net.input_delta_z_buffer)`; `split_heteros`
 splits its prediction into mean, epistemic and aleatoric variance. `net.state_dict()` holds
-`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
-plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
-and `cap_batch_size` (see `Sequential`).
+`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`, and BatchNorm's running statistics
+`"<layer>.mu_ra"`, `".var_ra"`, `".num_batches_tracked"` (state, not parameters; layers inside
+blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save(path)` /
+`net.load(path)` store plain tensors only. A data-parallel wrapper uses `named_delta_tensors()`
+(or `flat_deltas`), `flat_state` and `cap_batch_size` (see `Sequential`).
 
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 

@@ -1,8 +1,8 @@
-"""Locally linearised activations (TAGI_MATH.md §3): m_A = f(m_Z), J = f'(m_Z), v_A = J² v_Z.
+"""Linearised activations (docs/tagi.md, Activations): m_A = f(m_Z), J = f'(m_Z), v_A = J² v_Z.
 
 Shape legend: any state shape, (B, N) or (B, C, H, W); everything is elementwise.
 
-Deliberate difference from cuTAGI (TAGI_MATH.md §14 item 5): an activation multiplies its J by
+Deliberate difference (docs/tagi.md, Departures from pytagi): an activation multiplies its J by
 the incoming J, so two activations in a row compose their Jacobians instead of the second
 overwriting the first. After a parametric layer the incoming J is 1 and nothing changes.
 """
@@ -45,7 +45,7 @@ class ReLU(Activation):
 class LeakyReLU(Activation):
     """m_A = m_Z or α m_Z, J = 1 or α, v_A = J² v_Z (α = 0.1 as in cuTAGI).
 
-    This is the intended math; cuTAGI's CPU LeakyReLU is a no-op (TAGI_MATH.md §14 item 1).
+    This is the intended math; cuTAGI's CPU LeakyReLU is a no-op (see docs/tagi.md).
     """
 
     def __init__(self, alpha: float = 0.1) -> None:
@@ -84,7 +84,7 @@ class Tanh(Activation):
 class Softplus(Activation):
     """m_A = log(1 + e^{m_Z}), J = σ(m_Z), v_A = J² v_Z.
 
-    (pytagi 0.2.1's `nn.Softplus` cannot be constructed, TAGI_MATH.md §14 item 2; this is the
+    (pytagi 0.2.1's `nn.Softplus` cannot be constructed, see docs/tagi.md; this is the
     C++ layer's math.)
     """
 

@@ -10,13 +10,13 @@
 Sum mode (`average=False`, the default here) applies `Σ_r Δ_r`, the deltas of the whole global
 batch, with the step cap of the global batch size, and (by default) every BatchNorm layer
 normalises with the statistics of the global batch: N ranks x batch B step exactly like one
-process on N·B (TAGI_MATH.md §15.7; DESIGN.md contract 1), uneven local batches included. It is
+process on N·B (docs/tagi.md, Data-parallel TAGI; docs/design.md, contract 1), uneven local batches included. It is
 the default because it is the Bayesian update the data asks for; averaging shrinks every update
 N-fold, as if each step saw only one rank's share of the data.
 
 Average mode (`average=True`, pytagi's default) applies `(1/N) Σ_r Δ_r` with the cap
 c(⌊B_global/N⌋) on every rank, and BatchNorm uses each rank's local statistics: pytagi's
-`DDPSequential` semantics (TAGI_MATH.md §13, §15.8) when the shards are even. pytagi caps with
+`DDPSequential` semantics (docs/tagi.md, Data-parallel TAGI) when the shards are even. pytagi caps with
 each rank's own local batch size; with uneven shards on either side of a cap threshold (1 vs
 2, 255 vs 256) that makes the replicas drift apart, so here every rank uses the same cap.
 

@@ -1,4 +1,4 @@
-"""Fully connected TAGI layer (TAGI_MATH.md §2).
+"""Fully connected TAGI layer (docs/tagi.md, Linear).
 
 Shape legend: B batch, I input_size, O output_size. Weights are (O, I) like torch's
 `Linear.weight` and pytagi's flat `mu_w` (index i*I + j), biases (O,).

@@ -149,7 +149,9 @@ class BatchNorm2d(_Norm):
     can disagree with itself after a conv stack followed by a Linear). Running statistics
     `mu_ra`, `var_ra` (C,) start at (0, 1); the first training batch sets them to its
     statistics, later ones update `ra ← momentum·ra + (1 − momentum)·batch` (pytagi's
-    convention: `momentum` weighs the old value). `num_batches_tracked` counts training batches.
+    convention: `momentum` weighs the old value). `num_batches_tracked` counts training batches,
+    so an evaluation forward before the first training batch does not change which batch sets
+    the running statistics (cuTAGI's first-batch flag is cleared by any forward).
     All three are state (`state_dict` keys `<path>.mu_ra`, …), not parameters.
 
     Statistics over a single value (a (1, C) batch) are undefined (n − 1 = 0): an error.

@@ -1,4 +1,4 @@
-"""Observation update of the network output (TAGI_MATH.md §4): the innovations that start the
+"""Observation update of the network output (docs/tagi.md, Output update): innovations starting the
 backward pass.
 
 Shape legend: B batch, N output units, L observed outputs per sample (index update).

@@ -20,7 +20,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 class Sequential(Layer):
     """Layers applied in order; also usable as a nested block inside another Sequential.
 
-    Training step (TAGI_MATH.md §1), exactly pytagi's::
+    Training step (docs/tagi.md, One training step), exactly pytagi's::
 
         mu, var = net(x)                       # forward, x: (B, I) tensor or array
         updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)
@@ -37,7 +37,7 @@ class Sequential(Layer):
     Attributes for a data-parallel wrapper:
         cap_batch_size: when not None, `step()` uses the cap factor c(cap_batch_size) instead of
             c(last_batch_size); set it to the global batch so that N ranks summing their deltas
-            step exactly like one process on the whole batch (TAGI_MATH.md §15.7).
+            step exactly like one process on the whole batch (docs/tagi.md, Data-parallel TAGI).
         last_batch_size: batch size of the last forward in training mode (None before one).
         input_state_update: if True, `backward()` also computes the innovations for the input x
             into `input_delta_x` (pytagi's flag of the same name); default False.
@@ -209,7 +209,7 @@ class Sequential(Layer):
         """Propagate the innovations in `input_delta_z_buffer` (written by the OutputUpdater)
         to every layer, overwriting each parametric layer's delta buffers.
 
-        Activations are skipped: the next parametric layer applies their J (TAGI_MATH.md §1).
+        Activations are skipped: the next parametric layer applies their J (see docs/tagi.md).
         A nested call passes `delta` explicitly and gets the input innovations back.
         """
         top_level = delta is None
@@ -247,7 +247,7 @@ class Sequential(Layer):
         self._bindings_checked = True
 
     def step(self) -> None:
-        """Capped update of every parameter with its current delta (TAGI_MATH.md §6).
+        """Capped update of every parameter with its current delta (docs/tagi.md, Capped step).
 
         The cap factor is c(cap_batch_size) if that is set, else c(last_batch_size).
         Deltas are not cleared: calling step() twice applies them twice.
