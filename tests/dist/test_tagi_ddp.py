@@ -86,7 +86,7 @@ def _average_mode_formula(rank: int, world_size: int) -> dict:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
     ddp = DDPSequential(_net(seed=rank), config, average=True)
     reference, probe = _net(seed=0), _net(seed=0)
-    local = 128  # c(128) = 2 locally, c(256) = 3 globally: average mode uses the local cap
+    local = 128  # c(128) = 2 locally, c(256) = 3 globally: average mode uses the mean local cap
     worst = 0.0
     for step in range(3):
         x, labels = _data(step, local * world_size)
@@ -110,7 +110,8 @@ def _average_mode_formula(rank: int, world_size: int) -> dict:
 
 
 def test_average_mode_applies_the_mean_delta_with_the_local_cap():
-    """docs/tagi.md: average mode (pytagi's) applies (1/N) Σ_r Δ_r, capped with c(B_local)."""
+    """docs/tagi.md: average mode (pytagi's) applies (1/N) Σ_r Δ_r, capped with c(⌊B_global/N⌋),
+    which is c(B_local) for even shards (uneven shards: test_tagi_ddp_norm.py)."""
     for r in run_world(_average_mode_formula, world_size=2, timeout_s=120):
         assert r["worst"] < 1e-12
 
@@ -151,4 +152,5 @@ def test_world_size_one_runs_without_a_process_group():
     _train_step(reference, x, labels, hrc, updater)
     assert torch.equal(ddp.model.flat_params, reference.flat_params)
     assert ddp.num_collectives == 0 and not torch.distributed.is_initialized()
+    assert ddp.model.cap_batch_size is None  # scoped to the step: the model alone is unaffected
     ddp.check_replicas()

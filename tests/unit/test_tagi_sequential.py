@@ -78,10 +78,64 @@ def test_cap_bound(batch, cap_batch):
         floored = (new == VAR_FLOOR) & kind.startswith("var")
         assert bool((change[~floored] <= bar[~floored] * (1 + 1e-12)).all()), name
         want = proposed[f"{path}.delta_{kind}"]
-        capped += int((want.abs() > bar).sum())
-        unclipped = (want.abs() <= bar) & ~floored
-        torch.testing.assert_close(new[unclipped], old[name][unclipped] + want[unclipped])
+        clipped = want.abs() > bar
+        capped += int(clipped.sum())
+        # Clipped entries move by exactly sign(Δ)·bar, the others by Δ; then the floor rule.
+        moved = old[name] + torch.where(clipped, torch.sign(want) * bar, want)
+        if kind.startswith("var"):
+            moved = torch.where(moved > 0, moved, torch.full_like(moved, VAR_FLOOR))
+        torch.testing.assert_close(new, moved, rtol=1e-12, atol=0)
     assert capped > 0 or batch == 1  # the test exercises the cap (c(1) = 0.1 rarely binds)
+
+
+def test_variance_floor_rule_is_exact():
+    """v_new = v_old + clip(Δv) if that is > 0, else exactly 1e-5: a tiny positive result stays
+    (no 'v ≤ 1e-5' floor), zero and negative results become 1e-5; means are never floored."""
+    from dptrain.tagi.base import capped_update_
+
+    v_old = torch.full((5,), 0.01, dtype=F64)  # c = 0.1 (B = 1): bar = 10·sqrt(v) = 1 ≥ v
+    dv = torch.tensor([-0.01 + 1e-6, -0.01, -0.5, 0.7, -3.0], dtype=F64)
+    params = torch.stack([torch.zeros(5, dtype=F64), v_old])
+    dm = torch.tensor([0.1, -0.6, 0.5, -0.5, 2.0], dtype=F64)
+    capped_update_(params, torch.stack([dm, dv]), 0.1)
+    torch.testing.assert_close(params[0], torch.tensor([0.1, -0.6, 0.5, -0.5, 1.0],
+                                                       dtype=F64), rtol=1e-15, atol=0)
+    want = torch.tensor([1e-6, VAR_FLOOR, VAR_FLOOR, 0.71, VAR_FLOOR], dtype=F64)
+    torch.testing.assert_close(params[1], want, rtol=1e-9, atol=0)
+    assert params[1, 0].item() < VAR_FLOOR and params[1, 1].item() == VAR_FLOOR
+
+
+def test_reassigned_delta_or_state_attribute_is_caught_after_the_first_backward():
+    """A layer that re-binds a delta attribute instead of writing into its view would never be
+    stepped or all-reduced; the first backward names it (and `to()` re-arms the check)."""
+
+    class Rebinding(Linear):
+        def backward(self, delta, need_input_delta):
+            out = super().backward(delta, need_input_delta)
+            self.delta_mu_w = self.delta_mu_w.clone()  # detached from the flat buffer
+            return out
+
+    net = Sequential(Linear(6, 4), ReLU(), Rebinding(4, 11), dtype=F64)
+    x, labels = _batch(4, dtype=F64)
+    with pytest.raises(RuntimeError, match=r"layer 2 \(Linear\(4, 11, bias=True\)\)"
+                                           r"\.delta_mu_w: re-assigned instead of written"):
+        hrc_step(net, x, labels)
+    good = _mlp(F64)
+    hrc_step(good, x, labels)  # the check passes once and is not repeated
+    good.layers[0].mu_b = good.layers[0].mu_b.clone()
+    hrc_step(good, x, labels)
+    good.to(torch.float32)  # rebinds: re-armed, and the rebuilt views are fine
+    hrc_step(good, x.float(), labels)
+
+    from dptrain.tagi import BatchNorm2d
+
+    bn_net = Sequential(Linear(6, 4), BatchNorm2d(4), Linear(4, 11), dtype=F64)
+    bn = bn_net.layers[1]
+    original = bn._update_running
+    bn._update_running = lambda mean, var: (original(mean, var),
+                                            setattr(bn, "mu_ra", mean.clone()))
+    with pytest.raises(RuntimeError, match=r"layer 1 \(BatchNorm2d\(4\)\)\.mu_ra: re-assigned"):
+        hrc_step(bn_net, x, labels)
 
 
 def test_batch_additivity():

@@ -27,7 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     docs = {f.name: (f.default, f.type) for f in fields(TrainOptions)}
     p.add_argument("--config", metavar="FILE.toml",
                    help=f"options as TOML keys ({', '.join(accepted_keys())}); flags win")
-    p.add_argument("--model", choices=MODELS)
+    p.add_argument("--model", metavar="MODEL",
+                   help=f"{', '.join(MODELS)}, or PATH.py:FUNCTION: FUNCTION(input_shape, "
+                        f"num_outputs) returns a dptrain.tagi.Sequential or a torch.nn.Module "
+                        f"(default tagi-mlp)")
     p.add_argument("--dataset", help="digits, digits-image, diabetes, toy1d, toy1d-hetero, "
                    "mnist:DIR, "
                    "fashion-mnist:DIR, cifar10:DIR, csv:PATH, npz:PATH")
@@ -36,10 +39,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("nnodes", int, "nodes; start the same command on each"),
             ("node-rank", int, "this node's rank (static rendezvous; -1: dynamic)"),
             ("epochs", int, "epochs"),
-            ("batch-size", int, "global batch per step, split over the processes"),
+            ("batch-size", int, "global batch per step, split over the processes; tagi-resnet18 "
+                                  "defaults to 64 (and --gain to 0.083)"),
             ("seed", int, "seed of the data order, initialisation and every RNG"),
-            ("hidden", int, "width of the hidden layers"),
-            ("sigma-v", float, "TAGI observation noise σ_v"),
+            ("hidden", int, "width of the hidden layers of the MLPs"),
+            ("width", int, "channels of the first ResNet stage (64: ResNet18)"),
+            ("sigma-v", float, "TAGI observation noise σ_v of the first epoch"),
+            ("sigma-v-min", float, "TAGI: σ_v never decays below this"),
+            ("sigma-v-decay", float, "TAGI: σ_v at epoch e is max(sigma-v-min, "
+                                     "sigma-v · sigma-v-decay^e)"),
+            ("gain", float, "TAGI: initial weight and bias std gain (0: the model's)"),
+            ("gain-bias", float, "TAGI: initial bias std gain if different (0: as --gain)"),
             ("lr", float, "learning rate (torch models)"),
             ("dropout", float, "torch-mlp: dropout probability after each hidden layer"),
             ("accumulation-steps", int, "torch models: micro-batches per optimizer step"),
@@ -60,6 +70,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--heteroscedastic", action="store_true", default=None,
                    help="TAGI regression: learn the observation noise per input (EvenExp head) "
                         "instead of a fixed σ_v")
+    p.add_argument("--augment", action="store_const", const="on", default=None,
+                   help="random crop (4-pixel black padding) + horizontal flip of training "
+                        "images (default: on for cifar10)")
+    p.add_argument("--no-augment", dest="augment", action="store_const", const="off")
     p.add_argument("--out", metavar="DIR",
                    help="run directory (default runs/<model>-<dataset>-<job id or time>)")
     p.add_argument("--resume", choices=("auto", "never"), help="default auto")
@@ -121,6 +135,12 @@ def train_command(args: argparse.Namespace) -> int:
     check_batch_split(options.batch_size, *job_world_size(options, env))
     options = with_run_dir(options, env)
     one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
+    if env.launcher == "single" and not one_process:
+        # A bad dataset, model file or model/dataset pair is one line here, before any worker
+        # starts (the workers check it again, for launchers that start them directly).
+        from dptrain.cli.train_worker import preflight
+
+        preflight(options)
     if env.launcher != "single" or one_process:
         # Already one of the launcher's processes (torchrun, mpirun, srun), or one is enough.
         from dptrain.cli.train_worker import run_training

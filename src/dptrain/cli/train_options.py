@@ -6,7 +6,6 @@ options as JSON) use it without argparse or processes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tomllib
 from dataclasses import asdict, dataclass, fields
@@ -14,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.errors import ConfigError
+from dptrain.learners.models import MODELS as _REGISTRY
+from dptrain.learners.models import TAGI_MODELS, TORCH_MODELS
+from dptrain.learners import user_model
+from dptrain.learners.user_model import is_model_file
 from dptrain.train.faults import FailAt
 
-TAGI_MODELS = ("tagi-mlp",)
-TORCH_MODELS = ("torch-mlp", "torch-cnn")
-MODELS = TAGI_MODELS + TORCH_MODELS
+MODELS = tuple(_REGISTRY)
 PRECISIONS = ("32", "64", "bf16", "fp16")
+AUGMENT = ("auto", "on", "off")
 
 RESUMABLE_OPTIONS = frozenset({
     "epochs", "patience", "checkpoint_every", "keep_last", "timeout", "max_restarts",
@@ -36,7 +38,8 @@ class TrainOptions:
     """Everything `dptrain train` can be told. Flag `--batch-size` is field `batch_size`, etc."""
 
     model: str = "tagi-mlp"
-    """tagi-mlp (TAGI network), torch-mlp or torch-cnn (gradient learners)."""
+    """A built-in model of dptrain.learners.models (tagi-mlp, tagi-cnn, tagi-resnet18,
+    torch-mlp, torch-cnn, torch-resnet18) or PATH.py:FUNCTION, the user's own."""
     dataset: str = "digits"
     """A dataset spelling of dptrain.data.load_dataset (digits, toy1d, mnist:DIR, ...)."""
     nproc: int = 2
@@ -48,9 +51,22 @@ class TrainOptions:
     precision: str = "32"
     """TAGI: 32 or 64 (float64); torch: 32, bf16, fp16 (CUDA)."""
     hidden: int = 128
-    """Width of the hidden layers of the built-in models."""
+    """Width of the hidden layers of the built-in MLPs."""
+    width: int = 64
+    """Channels of the first ResNet stage (64: the usual ResNet18; small for quick tests)."""
     sigma_v: float = 0.05
-    """TAGI observation noise σ_v (normalised units)."""
+    """TAGI observation noise σ_v (normalised units) of the first epoch."""
+    sigma_v_min: float = 0.0
+    """σ_v schedule: σ_v at epoch e (from 0) is max(sigma_v_min, sigma_v · sigma_v_decay^e)."""
+    sigma_v_decay: float = 1.0
+    gain: float = 0.0
+    """TAGI: gain of the initial weight (and bias) standard deviations; 0: the model's default
+    (1, or 0.083 for tagi-resnet18)."""
+    gain_bias: float = 0.0
+    """TAGI: gain of the biases if different from gain; 0: as gain."""
+    augment: str = "auto"
+    """Random crop (4-pixel black padding) and horizontal flip of training images: on, off, or
+    auto (on for cifar10)."""
     average: bool = False
     """TAGI data-parallel mode: False sums the deltas (large-batch update), True averages."""
     heteroscedastic: bool = False
@@ -96,21 +112,21 @@ class TrainOptions:
             return ConfigError(f"{name.replace('_', '-')}: expected {allowed}, "
                                f"got {getattr(self, name)!r}")
 
-        if self.model not in MODELS:
-            raise bad("model", f"one of {', '.join(MODELS)}")
+        if self.model not in MODELS and not is_model_file(self.model):
+            raise bad("model", f"one of {', '.join(MODELS)}, or PATH.py:FUNCTION")
         if self.precision not in PRECISIONS:
             raise bad("precision", f"one of {', '.join(PRECISIONS)}")
         if self.model in TAGI_MODELS and self.precision not in ("32", "64"):
             raise ConfigError(f"precision {self.precision} is for torch models; TAGI takes 32 "
                               f"or 64")
-        if self.heteroscedastic and self.model not in TAGI_MODELS:
+        if self.heteroscedastic and self.model in TORCH_MODELS:
             raise ConfigError(f"heteroscedastic is for TAGI models; {self.model} is a torch "
                               f"model")
         if self.model in TORCH_MODELS and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
         if self.strategy not in ("ddp", "fsdp"):
             raise bad("strategy", "ddp or fsdp")
-        for name in ("nproc", "epochs", "batch_size", "hidden", "keep_last",
+        for name in ("nproc", "epochs", "batch_size", "hidden", "width", "keep_last",
                      "accumulation_steps"):
             if getattr(self, name) < 1:
                 raise bad(name, "an integer >= 1")
@@ -132,6 +148,14 @@ class TrainOptions:
             raise ConfigError(f"dropout is for the torch-mlp model, not {self.model}")
         if self.sigma_v <= 0 or self.lr <= 0:
             raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
+        if self.sigma_v_min < 0 or not 0 < self.sigma_v_decay <= 1:
+            raise ConfigError(f"sigma-v-min must be >= 0 and sigma-v-decay in (0, 1], got "
+                              f"{self.sigma_v_min} and {self.sigma_v_decay}")
+        if self.gain < 0 or self.gain_bias < 0:
+            raise ConfigError(f"gain and gain-bias must be > 0 (or 0 for the model's default), "
+                              f"got {self.gain} and {self.gain_bias}")
+        if self.augment not in AUGMENT:
+            raise bad("augment", "on, off or auto")
         if self.resume not in ("auto", "never"):
             raise bad("resume", "auto or never")
         if self.resume == "never" and self.max_restarts:
@@ -159,13 +183,9 @@ def model_file_sha256(model: str) -> str | None:
 
     A user's model file defines the run by its content, wherever it lies.
     """
-    path, sep, _ = model.rpartition(":")
-    if not sep or not path.endswith(".py"):
+    if not user_model.is_model_file(model):
         return None
-    try:
-        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
-    except OSError as err:
-        raise ConfigError(f"model file {path}: cannot be read ({err.strerror})") from None
+    return user_model.model_file_sha256(model.rpartition(":")[0])
 
 
 def run_record(options: TrainOptions) -> dict[str, Any]:
@@ -174,7 +194,7 @@ def run_record(options: TrainOptions) -> dict[str, Any]:
     record = {k: v for k, v in asdict(options).items() if k not in RESUMABLE_OPTIONS}
     digest = model_file_sha256(options.model)
     if digest is not None:
-        record["model_file_sha256"] = digest
+        record["model_sha256"] = digest
     return record
 
 
@@ -219,7 +239,17 @@ def read_toml(path: Path | str) -> dict[str, Any]:
     return out
 
 def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
-    """Defaults < TOML file < flags given on the command line (those not None)."""
+    """Defaults < the model's own defaults < TOML file < flags given on the command line (those
+    not None)."""
     merged = read_toml(config_file) if config_file else {}
     merged.update({k: v for k, v in flags.items() if v is not None})
+    spec = _REGISTRY.get(merged.get("model", TrainOptions.model))
+    if spec is not None:
+        merged = {**spec.defaults, **merged}
     return TrainOptions(**merged)
+
+
+def model_kind(model: str) -> str | None:
+    """"tagi" or "torch" for a built-in model; None for a model file (known once built)."""
+    spec = _REGISTRY.get(model)
+    return None if spec is None else spec.kind

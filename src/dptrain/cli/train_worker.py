@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -9,11 +10,12 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from dptrain.cli.train_options import TAGI_MODELS, TrainOptions, run_record
+from dptrain.cli.train_options import TrainOptions, run_record
 from dptrain.cli.worker import exit_without_teardown
 from dptrain.data import Split, load_dataset
 from dptrain.dist import (
@@ -26,47 +28,97 @@ from dptrain.dist import (
 )
 from dptrain.dist.job import launcher_start_time, stamp
 from dptrain.errors import ConfigError
-from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
+from dptrain.learners import TorchLearner
+from dptrain.learners.models import ModelOptions, check_input, get_model, num_outputs
+from dptrain.learners.models import build_model as build_registered
+from dptrain.learners.tagi_learner import TagiLearner
+from dptrain.learners.user_model import is_model_file, load_user_model, model_file_sha256
 from dptrain.train import FailAt, TrainConfig, Trainer
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.rng import seed_everything
 
 
+def _model_options(options: TrainOptions) -> ModelOptions:
+    return ModelOptions(hidden=options.hidden, dropout=options.dropout, width=options.width,
+                        gain_weight=options.gain or None, gain_bias=options.gain_bias or None,
+                        dtype=torch.float64 if options.precision == "64" else torch.float32,
+                        heteroscedastic=options.heteroscedastic)
+
+
+def build_model(options: TrainOptions, split: Split) -> tuple[Any, str]:
+    """(model, "tagi" | "torch") for this dataset, initialised from `options.seed` (the same on
+    every rank). Every mismatch between model and data is a one-line ConfigError."""
+    from dptrain.tagi import manual_seed
+
+    classification = split.task == "classification"
+    if options.heteroscedastic and classification:
+        raise ConfigError(f"--heteroscedastic is for regression; dataset {options.dataset} "
+                          f"is a classification task")
+    if is_model_file(options.model):
+        built = load_user_model(options.model, split.input_shape, task=split.task,
+                                num_classes=split.num_classes,
+                                num_targets=None if classification else split.output_dim,
+                                seed=options.seed, heteroscedastic=options.heteroscedastic)
+        model, kind = built.model, built.kind
+        if kind == "tagi" and options.precision == "64":
+            model.to(torch.float64)
+    else:
+        kind = get_model(options.model).kind
+        width = num_outputs(kind, split.task, split.num_classes,
+                            None if classification else split.output_dim)
+        try:
+            check_input(options.model, split.input_shape)
+        except ConfigError as err:
+            raise ConfigError(f"dataset {options.dataset}: {err}") from None
+        seed_everything(options.seed)
+        manual_seed(options.seed)
+        model = build_registered(options.model, split.input_shape, width,
+                                 _model_options(options))
+    if kind == "tagi" and options.precision not in ("32", "64"):
+        raise ConfigError(f"precision {options.precision} is for torch models; {options.model} "
+                          f"is a TAGI model (32 or 64)")
+    if kind == "torch" and (options.precision == "64" or options.heteroscedastic):
+        raise ConfigError(f"{options.model} is a torch model: precision 64 and "
+                          f"--heteroscedastic are for TAGI models")
+    return model, kind
+
+
 def build_learner(options: TrainOptions, split: Split):
     """The learner the options name, initialised from `options.seed` (same on every rank)."""
-    seed_everything(options.seed)
-    if options.model in TAGI_MODELS:
-        from dptrain.tagi import HRCSoftmax, manual_seed
-
-        if len(split.input_shape) != 1:
-            raise ConfigError(f"model {options.model} takes flat inputs; dataset "
-                              f"{options.dataset} has shape {split.input_shape} (use e.g. "
-                              f"digits instead of digits-image)")
-        manual_seed(options.seed)
-        classification = split.task == "classification"
-        out_dim = HRCSoftmax(split.num_classes).num_outputs if classification \
-            else split.output_dim
-        dtype = torch.float64 if options.precision == "64" else torch.float32
-        if options.heteroscedastic and classification:
-            raise ConfigError(f"--heteroscedastic is for regression; dataset {options.dataset} "
-                              f"is a classification task")
-        model = tagi_mlp(split.input_shape[0], out_dim, hidden=options.hidden,
-                         heteroscedastic=options.heteroscedastic, dtype=dtype)
+    model, kind = build_model(options, split)
+    if kind == "tagi":
         y_scale = split.y_norm.std if split.y_norm is not None else None
         return TagiLearner(model, task=split.task, num_classes=split.num_classes,
-                           sigma_v=options.sigma_v, average=options.average, y_scale=y_scale,
-                           heteroscedastic=options.heteroscedastic)
-    from dptrain.learners.recipes import make_learner
+                           sigma_v=options.sigma_v, sigma_v_min=options.sigma_v_min,
+                           sigma_v_decay=options.sigma_v_decay, average=options.average,
+                           y_scale=y_scale, heteroscedastic=options.heteroscedastic)
+    classification = split.task == "classification"
+    loss = torch.nn.CrossEntropyLoss() if classification else torch.nn.MSELoss()
+    has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                        for m in model.modules())
+    return TorchLearner(model, loss, functools.partial(torch.optim.Adam, lr=options.lr),
+                        precision=options.precision, strategy=options.strategy,
+                        accumulation_steps=options.accumulation_steps,
+                        sync_batchnorm=has_batchnorm)
 
-    if split.task != "classification" or split.num_classes != 10 or \
-            split.input_shape not in ((64,), (1, 8, 8)):
-        raise ConfigError(f"model {options.model} is built for the 8x8 digits (64 inputs, 10 "
-                          f"classes); dataset {options.dataset} is {split!r}")
-    recipe = {"lr": options.lr, **({"hidden": options.hidden, "dropout": options.dropout}
-                                   if options.model == "torch-mlp" else {})}
-    return make_learner(options.model, recipe_options=recipe, precision=options.precision,
-                        strategy=options.strategy,
-                        accumulation_steps=options.accumulation_steps)
+
+def load_split(options: TrainOptions) -> Split:
+    """The dataset, with training-image augmentation as the options ask."""
+    split = load_dataset(options.dataset)
+    augment = options.augment == "on" or (options.augment == "auto" and
+                                          split.name == "cifar10")
+    if augment:
+        if not hasattr(split.train, "with_augmentation"):
+            raise ConfigError(f"--augment is for image datasets (mnist, cifar10); "
+                              f"{options.dataset} has inputs {split.input_shape}")
+        split = split.with_train(split.train.with_augmentation(seed=options.seed))
+    return split
+
+
+def preflight(options: TrainOptions) -> None:
+    """Load the data and build the model once, so that bad input fails before workers start."""
+    split = load_split(options)
+    build_model(options, split)
 
 
 def train_config(options: TrainOptions, split: Split) -> TrainConfig:
@@ -103,7 +155,7 @@ def run_training(options: TrainOptions) -> dict:
 
 
 def _fit(options: TrainOptions, runtime: Runtime) -> dict:
-    split = load_dataset(options.dataset)
+    split = load_split(options)
     learner = build_learner(options, split)
     config = train_config(options, split)
     rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "

@@ -1,4 +1,5 @@
-"""Built-in torch models for the 8x8 digits: `dptrain train --model torch-mlp | torch-cnn`.
+"""Ready-made torch recipes (model, loss, optimizer) for the 8x8 digits, built from the model
+registry `dptrain.learners.models` (which `dptrain train --model` uses for any dataset).
 
     from dptrain.learners.recipes import get_recipe, make_learner
 
@@ -20,9 +21,11 @@ import torch
 from torch import nn
 
 from dptrain.errors import ConfigError
+from dptrain.learners import models
+from dptrain.learners.models import ModelOptions, build_model
 from dptrain.learners.torch_learner import OptimizerFactory, TorchLearner
 
-NUM_PIXELS = 64
+DIGITS_SHAPE = (1, 8, 8)
 NUM_CLASSES = 10
 
 
@@ -34,42 +37,24 @@ class Recipe(NamedTuple):
     """Called with the parameters after wrapping (FSDP replaces them)."""
 
 
-class Image8x8(nn.Module):
-    """(B, 64) or (B, 1, 8, 8) -> (B, 1, 8, 8)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(x.shape[0], 1, 8, 8)
-
-
 def torch_mlp(*, hidden: int = 128, lr: float = 3e-3, dropout: float = 0.0) -> Recipe:
-    """64 -> hidden -> hidden -> 10 with ReLU, Adam; with `dropout` > 0 a Dropout after each
-    hidden layer (it draws from torch's global generator, per rank, while training)."""
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-
-    def hidden_block(n_in: int) -> list[nn.Module]:
-        drop = [nn.Dropout(dropout)] if dropout > 0 else []
-        return [nn.Linear(n_in, hidden), nn.ReLU(), *drop]
-
+    """64 -> hidden -> hidden -> 10 with ReLU, Adam (the registry's torch-mlp on digits);
+    with `dropout` > 0 a Dropout after each hidden layer."""
     def model() -> nn.Module:
-        return nn.Sequential(nn.Flatten(), *hidden_block(NUM_PIXELS), *hidden_block(hidden),
-                             nn.Linear(hidden, NUM_CLASSES))
+        return build_model("torch-mlp", DIGITS_SHAPE, NUM_CLASSES,
+                           ModelOptions(hidden=hidden, dropout=dropout))
     return Recipe(model, nn.CrossEntropyLoss(), functools.partial(torch.optim.Adam, lr=lr))
 
 
 def torch_cnn(*, channels: int = 16, lr: float = 3e-3) -> Recipe:
-    """Two 3x3 conv + BatchNorm + ReLU blocks, 2x2 max-pool, linear head; Adam.
+    """Two 3x3 conv + BatchNorm + ReLU blocks, 2x2 max-pool, linear head; Adam (the registry's
+    torch-cnn on digits).
 
     Its BatchNorm layers see only this rank's share of the batch unless the learner is built
     with `sync_batchnorm=True` (which `make_learner` does by default for this recipe).
     """
     def model() -> nn.Module:
-        return nn.Sequential(
-            Image8x8(),
-            nn.Conv2d(1, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels),
-            nn.ReLU(), nn.MaxPool2d(2),                                   # (B, 2c, 4, 4)
-            nn.Flatten(), nn.Linear(2 * channels * 16, NUM_CLASSES))
+        return models.torch_cnn(DIGITS_SHAPE, NUM_CLASSES, ModelOptions(), channels=channels)
     return Recipe(model, nn.CrossEntropyLoss(), functools.partial(torch.optim.Adam, lr=lr))
 
 

@@ -23,7 +23,13 @@ class TagiLearner:
     Args:
         model: the network; for classification its output width must be
             `HRCSoftmax(num_classes).num_outputs` (11 for 10 classes).
-        sigma_v: observation noise standard deviation σ_v (in normalised target units).
+        sigma_v: observation noise standard deviation σ_v (in normalised target units) of the
+            first epoch.
+        sigma_v_min, sigma_v_decay: the σ_v schedule: at epoch e (counted from 0, set by
+            `set_epoch`) σ_v is max(sigma_v_min, sigma_v · sigma_v_decay^e). pytagi's examples
+            feed the running σ_v back into `exponential_scheduler(curr_v, min_v, decay,
+            curr_iter=epoch)`, which compounds to decay^(e(e+1)/2); to follow such a loop
+            exactly, pass the σ_v it reaches at each epoch to `set_sigma_v`.
         average: data-parallel mode, see `DDPSequential` (default: sum = large-batch update).
         y_scale: regression only: std of the target normalisation, so that metrics and
             predictions are reported in the data's own units.
@@ -40,7 +46,8 @@ class TagiLearner:
     """
 
     def __init__(self, model: Sequential, *, task: Literal["classification", "regression"],
-                 num_classes: int | None = None, sigma_v: float = 0.05, average: bool = False,
+                 num_classes: int | None = None, sigma_v: float = 0.05,
+                 sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
@@ -51,7 +58,13 @@ class TagiLearner:
             raise ConfigError("classification needs num_classes")
         if sigma_v <= 0:
             raise ConfigError(f"sigma_v must be > 0, got {sigma_v}")
+        if sigma_v_min < 0 or not 0 < sigma_v_decay <= 1:
+            raise ConfigError(f"sigma_v_min must be >= 0 and sigma_v_decay in (0, 1], got "
+                              f"{sigma_v_min} and {sigma_v_decay}")
         self.model, self.task, self.sigma_v, self.average = model, task, sigma_v, average
+        self.schedule = {"sigma_v": sigma_v, "sigma_v_min": sigma_v_min,
+                         "sigma_v_decay": sigma_v_decay}
+        self.epoch = 0
         self.heteroscedastic = heteroscedastic
         self.hrc = HRCSoftmax(num_classes) if task == "classification" else None
         self.y_scale = None if y_scale is None else torch.as_tensor(y_scale).reshape(-1)
@@ -66,6 +79,21 @@ class TagiLearner:
         self.net = DDPSequential(self.model, config, average=self.average)
         if self.y_scale is not None:
             self.y_scale = self.y_scale.to(self.model.device, self.model.dtype)
+
+    def sigma_v_at(self, epoch: int) -> float:
+        """σ_v of epoch `epoch` (from 0): max(σ_v_min, σ_v · decay^epoch)."""
+        s = self.schedule
+        return max(s["sigma_v_min"], s["sigma_v"] * s["sigma_v_decay"] ** epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by the Trainer before each epoch: σ_v follows the schedule."""
+        self.epoch = epoch
+        self.sigma_v = self.sigma_v_at(epoch)
+
+    def set_sigma_v(self, sigma_v: float) -> None:
+        if sigma_v <= 0:
+            raise ConfigError(f"sigma_v must be > 0, got {sigma_v}")
+        self.sigma_v = sigma_v
 
     def _ddp(self) -> DDPSequential:
         if self.net is None:
@@ -157,10 +185,15 @@ class TagiLearner:
         return self.model.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict()}
+        return {"model": self.model.state_dict(),
+                "sigma_v": {**self.schedule, "epoch": self.epoch, "current": self.sigma_v}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        saved = state.get("sigma_v")
+        if saved is not None:  # the run's schedule continues where it was
+            self.schedule = {k: saved[k] for k in ("sigma_v", "sigma_v_min", "sigma_v_decay")}
+            self.epoch, self.sigma_v = saved["epoch"], saved["current"]
 
 
 def tagi_mlp(input_dim: int, output_dim: int, *, hidden: int = 128, num_hidden: int = 2,

@@ -29,9 +29,11 @@ NaN targets are missing observations (zero innovation). A heteroscedastic head
 (`EvenExp()` last, outputs in (mean, noise variance) pairs) learns the noise per input with
 `updater.update_heteros(net.output_z_buffer, y, net.input_delta_z_buffer)`; `split_heteros`
 splits its prediction into mean, epistemic and aleatoric variance. `net.state_dict()` holds
-`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
-plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
-and `cap_batch_size` (see `Sequential`).
+`"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`, and BatchNorm's running statistics
+`"<layer>.mu_ra"`, `".var_ra"`, `".num_batches_tracked"` (state, not parameters; layers inside
+blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save(path)` /
+`net.load(path)` store plain tensors only. A data-parallel wrapper uses `named_delta_tensors()`
+(or `flat_deltas`), `flat_state` and `cap_batch_size` (see `Sequential`).
 
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
@@ -47,9 +49,11 @@ from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.blocks import LayerBlock, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
+from dptrain.tagi.norm import BatchNorm2d, LayerNorm
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
 from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
@@ -61,6 +65,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
     "AvgPool2d",
+    "BatchNorm2d",
     "Conv2d",
     "DDPConfig",
     "DDPSequential",
@@ -70,6 +75,8 @@ __all__ = [
     "HeteroscedasticPrediction",
     "HiddenStates",
     "Layer",
+    "LayerBlock",
+    "LayerNorm",
     "LeakyReLU",
     "Linear",
     "MaxPool2d",
@@ -80,6 +87,7 @@ __all__ = [
     "ParamLayer",
     "ReLU",
     "Remax",
+    "ResNetBlock",
     "Sequential",
     "Sigmoid",
     "Softplus",

@@ -44,6 +44,10 @@ def load_into(targets: list[tuple[str, torch.Tensor]], state: Mapping[str, Any])
         if name.rsplit(".", 1)[-1].startswith("var_") and not bool((value > 0).all()):
             raise ValueError(f"state_dict[{name!r}] holds variances <= 0 (min "
                              f"{value.min().item()})")
+        if name.endswith(".num_batches_tracked") and \
+                not bool(((value >= 0) & (value == value.round())).all()):
+            raise ValueError(f"state_dict[{name!r}] must be a whole number >= 0, got "
+                             f"{value.tolist()}")
         values.append(value)
     with torch.no_grad():
         for (_, target), value in zip(targets, values):

@@ -104,6 +104,25 @@ class Layer:
             else:
                 yield from child.named_leaves(f"{prefix}{name}.")
 
+    def named_stateful(self, prefix: str = "") -> Iterator[tuple[str, Layer]]:
+        """(path, layer) of every layer below that keeps non-parameter state (BatchNorm's
+        running statistics), depth first in the order of `named_leaves`."""
+        for name, child in self.named_children():
+            if child.state_groups():
+                yield f"{prefix}{name}", child
+            yield from child.named_stateful(f"{prefix}{name}.")
+
+    # Non-parameter state (running statistics): tensors updated by forward, not by step(),
+    # saved and synchronised like parameters. A Sequential re-binds them to views of one flat
+    # buffer, so a layer must update them in place (copy_, mul_), never re-assign them.
+    def state_groups(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(attribute, shape) of this layer's own state tensors, in state_dict order."""
+        return []
+
+    def named_state_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, _ in self.state_groups():
+            yield name, getattr(self, name)
+
     def parametric_leaves(self) -> list[ParamLayer]:
         """Layers owning parameters, nested ones included, in a fixed order."""
         return [leaf for _, leaf in self.named_leaves()]

@@ -8,13 +8,26 @@
     net.backward(); net.step()                         # one all-reduce, then the capped update
 
 Sum mode (`average=False`, the default here) applies `Σ_r Δ_r`, the deltas of the whole global
-batch, with the step cap of the global batch size: N ranks x batch B step exactly like one
-process on N·B (docs/tagi.md, Data-parallel TAGI; docs/design.md, contract 1). Default: it is the
-Bayesian update the data asks for; averaging shrinks every update N-fold, as if each step saw
-only one rank's share of the data.
+batch, with the step cap of the global batch size, and (by default) every BatchNorm layer
+normalises with the statistics of the global batch: N ranks x batch B step exactly like one
+process on N·B (docs/tagi.md, Data-parallel TAGI; docs/design.md, contract 1), uneven local batches included. It is
+the default because it is the Bayesian update the data asks for; averaging shrinks every update
+N-fold, as if each step saw only one rank's share of the data.
 
-Average mode (`average=True`, pytagi's default) applies `(1/N) Σ_r Δ_r` with the cap of the
-*local* batch size, exactly pytagi's `DDPSequential` semantics (docs/tagi.md, Data-parallel TAGI).
+Average mode (`average=True`, pytagi's default) applies `(1/N) Σ_r Δ_r` with the cap
+c(⌊B_global/N⌋) on every rank, and BatchNorm uses each rank's local statistics: pytagi's
+`DDPSequential` semantics (docs/tagi.md, Data-parallel TAGI) when the shards are even. pytagi caps with
+each rank's own local batch size; with uneven shards on either side of a cap threshold (1 vs
+2, 255 vs 256) that makes the replicas drift apart, so here every rank uses the same cap.
+
+BatchNorm (`sync_batchnorm`): with True, each BatchNorm computes its training statistics over
+the global batch: one small all-gather of every rank's (count, mean, sum of squared deviations
++ Σ v) per layer per training forward, pooled exactly (`norm.combine_moments`), so the running
+statistics are identical everywhere without further communication. With False (pytagi), each
+rank normalises with its local statistics and the running statistics are averaged over the
+ranks after every step, riding in the delta all-reduce. The default is True in sum mode and
+False in average mode; True with `average=True` is allowed (global statistics, averaged deltas),
+a combination pytagi does not have.
 
 The only tagi module that imports `dptrain.dist`: layers never see the process group.
 """
@@ -31,6 +44,7 @@ from dptrain import dist as dd
 from dptrain.dist import DDPConfig
 from dptrain.dist.collectives import guarded
 from dptrain.errors import ConfigError, RankFailure
+from dptrain.tagi.norm import BatchNorm2d
 from dptrain.tagi.sequential import Sequential
 
 
@@ -47,7 +61,21 @@ def _start_group(config: DDPConfig) -> None:
 
 
 def _structure(model: Sequential) -> list[tuple[str, tuple[int, ...]]]:
-    return [(name, tuple(t.shape)) for name, t in model.named_parameter_tensors()]
+    return [(name, tuple(t.shape)) for name, t in
+            model.named_parameter_tensors() + model.named_state_tensors()]
+
+
+def _fingerprint(tensor: torch.Tensor) -> str:
+    flat = tensor.detach().cpu().contiguous()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _gather_stats(local: torch.Tensor) -> torch.Tensor:
+    """(K,) → (world, K): every rank's BatchNorm statistics, in rank order."""
+    parts = [torch.empty_like(local) for _ in range(dd.get_world_size())]
+    guarded("all_gather(BatchNorm statistics)", local.numel(),
+            lambda: torch.distributed.all_gather(parts, local))
+    return torch.stack(parts)
 
 
 class DDPSequential:
@@ -59,14 +87,20 @@ class DDPSequential:
 
     Construction is collective: it starts the process group if none is running, moves the model
     to the config's device, checks that every rank built the same architecture, and broadcasts
-    every parameter (nested blocks included: they live in the same flat buffer) from rank 0.
+    every parameter and the running statistics (nested blocks included: they live in the same
+    flat buffers) from rank 0.
+
+    `sync_batchnorm`: None (default) = True in sum mode, False in average mode; see the module
+    docstring.
     """
 
-    def __init__(self, model: Sequential, config: DDPConfig, average: bool = False) -> None:
+    def __init__(self, model: Sequential, config: DDPConfig, average: bool = False,
+                 sync_batchnorm: bool | None = None) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"DDPSequential wraps a dptrain.tagi.Sequential, got "
                             f"{type(model).__name__}")
         self.model, self.config, self.average = model, config, average
+        self.sync_batchnorm = (not average) if sync_batchnorm is None else bool(sync_batchnorm)
         _start_group(config)
         self.rank, self.world_size = dd.get_rank(), dd.get_world_size()
         if (self.rank, self.world_size) != (config.rank, config.world_size):
@@ -75,7 +109,9 @@ class DDPSequential:
         if config.device != model.device:
             model.to(config.device)
         self._check_same_architecture()
-        dd.broadcast_tensors([model.flat_params])
+        dd.broadcast_tensors([t for t in (model.flat_params, model.flat_state) if t.numel()])
+        self._batchnorms = [layer for layer in model.descendants()
+                            if isinstance(layer, BatchNorm2d)]
         self.num_collectives = 0
         """All-reduce calls issued by step() so far (one per step; tests and benches read it)."""
         self.comm_seconds = 0.0
@@ -85,7 +121,19 @@ class DDPSequential:
 
     # -------------------------------------------------------------------------- the loop
     def forward(self, mu_x: Any, var_x: Any = None) -> Any:
-        return self.model(mu_x, var_x)
+        """The model's forward; with synchronised BatchNorm a training forward is collective
+        (one all-gather per BatchNorm layer)."""
+        if not (self.sync_batchnorm and self.world_size > 1 and self.model.training
+                and self._batchnorms):
+            return self.model(mu_x, var_x)
+        # Scoped to this call: the model used on its own later normalises locally.
+        for layer in self._batchnorms:
+            layer.stats_gather = _gather_stats
+        try:
+            return self.model(mu_x, var_x)
+        finally:
+            for layer in self._batchnorms:
+                layer.stats_gather = None
 
     __call__ = forward
 
@@ -101,18 +149,29 @@ class DDPSequential:
             self.global_batch_size = self._all_reduce_deltas(local_batch)
         else:
             self.global_batch_size = local_batch
-        # Sum mode caps with the global batch (equivalence); average mode with the local one.
-        self.model.cap_batch_size = None if self.average else self.global_batch_size
-        self.model.step()
+        # Sum mode caps with the global batch (equivalence); average mode with the mean local
+        # batch, the same on every rank (pytagi's local cap when the shards are even).
+        cap = self.global_batch_size // self.world_size if self.average else \
+            self.global_batch_size
+        saved, self.model.cap_batch_size = self.model.cap_batch_size, cap
+        try:  # scoped to this step: the model used on its own later caps with its own batch
+            self.model.step()
+        finally:
+            self.model.cap_batch_size = saved
 
     def _all_reduce_deltas(self, local_batch: int) -> int:
-        """One collective carries every delta and the local batch size (for the global cap)."""
+        """One collective carries every delta, the running statistics when BatchNorm is not
+        synchronised (to be averaged), and the local batch size (for the cap)."""
         deltas = self.model.flat_deltas  # (2, P)
+        state = self.model.flat_state if not self.sync_batchnorm else deltas.new_empty(0)  # (S,)
+        size = deltas.numel() + state.numel() + 1
         bucket = self._bucket
-        if bucket is None or bucket.numel() != deltas.numel() + 1 or \
+        if bucket is None or bucket.numel() != size or \
                 bucket.device != deltas.device or bucket.dtype != deltas.dtype:
-            bucket = self._bucket = deltas.new_empty(deltas.numel() + 1)  # reused every step
-        bucket[:-1].copy_(deltas.reshape(-1))
+            bucket = self._bucket = deltas.new_empty(size)  # reused every step
+        split = deltas.numel()
+        bucket[:split].copy_(deltas.reshape(-1))
+        bucket[split:-1].copy_(state)
         bucket[-1] = local_batch  # exact in float32 up to 2**24 samples per step
         start = time.perf_counter()
         guarded("all_reduce(tagi deltas)", bucket.numel(),
@@ -120,8 +179,10 @@ class DDPSequential:
         self.comm_seconds += time.perf_counter() - start
         self.num_collectives += 1
         if self.average:
-            bucket[:-1].div_(self.world_size)
-        deltas.copy_(bucket[:-1].view_as(deltas))
+            bucket[:split].div_(self.world_size)
+        deltas.copy_(bucket[:split].view_as(deltas))
+        if state.numel():
+            state.copy_(bucket[split:-1].div_(self.world_size))
         return int(bucket[-1].item())
 
     # ------------------------------------------------------------------ replica checks
@@ -139,19 +200,27 @@ class DDPSequential:
                        if diff else ""))
 
     def params_fingerprint(self) -> str:
-        flat = self.model.flat_params.detach().cpu().contiguous()
-        return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+        """Hash of the parameters (means and variances), bitwise."""
+        return _fingerprint(self.model.flat_params)
+
+    def state_fingerprint(self) -> str:
+        """Hash of the non-parameter state (BatchNorm running statistics), bitwise."""
+        return _fingerprint(self.model.flat_state)
 
     def check_replicas(self) -> None:
-        """Raise `RankFailure` naming every rank whose parameters differ from rank 0's, bitwise.
+        """Raise `RankFailure` naming every rank whose parameters or running statistics differ
+        from rank 0's, bitwise.
 
-        Costs one hash of the parameters and one small all-gather.
+        Costs one hash of each flat buffer and one small all-gather.
         """
-        prints = dd.all_gather_object(self.params_fingerprint())
-        diverged = [r for r, p in enumerate(prints) if p != prints[0]]
-        if diverged:
-            raise RankFailure(f"replicas diverged: rank(s) {diverged} hold parameters that "
-                              f"differ from rank 0's")
+        prints = dd.all_gather_object((self.params_fingerprint(), self.state_fingerprint()))
+        problems = []
+        for what, i in (("parameters", 0), ("running statistics (BatchNorm state)", 1)):
+            diverged = [r for r, p in enumerate(prints) if p[i] != prints[0][i]]
+            if diverged:
+                problems.append(f"rank(s) {diverged} hold {what} that differ from rank 0's")
+        if problems:
+            raise RankFailure("replicas diverged: " + "; ".join(problems))
 
     # --------------------------------------------------------------------- delegation
     def barrier(self) -> None:
@@ -187,4 +256,6 @@ class DDPSequential:
 
     def __repr__(self) -> str:
         mode = "average" if self.average else "sum"
+        if self._batchnorms:
+            mode += ", sync_batchnorm" if self.sync_batchnorm else ", local batchnorm"
         return f"DDPSequential({self.model!r}, {mode}, rank {self.rank}/{self.world_size})"

@@ -12,7 +12,7 @@ import torch
 
 from dptrain.tagi import _io
 from dptrain.tagi._inputs import as_input, checked_output_delta, float_dtype
-from dptrain.tagi._pack import ParameterPack
+from dptrain.tagi._pack import ParameterPack, StatePack
 from dptrain.tagi.base import Layer, cap_factor
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
@@ -29,7 +29,10 @@ class Sequential(Layer):
 
     The network has no autograd graph; every call runs under `torch.no_grad()`. Parameters
     live in one flat (2, P) buffer (`flat_params`; row 0 means, row 1 variances) with deltas in
-    `flat_deltas`; every layer's `mu_w, var_w, delta_mu_w, …` are views of them.
+    `flat_deltas`; every layer's `mu_w, var_w, delta_mu_w, …` are views of them. Non-parameter
+    state (BatchNorm's running statistics `mu_ra, var_ra, num_batches_tracked`) lives in a third
+    flat buffer, `flat_state`; it is updated by training forwards, not by `step()`, and
+    `state_dict`, `save`, `load` and `to()` cover it like the parameters.
 
     Attributes for a data-parallel wrapper:
         cap_batch_size: when not None, `step()` uses the cap factor c(cap_batch_size) instead of
@@ -70,6 +73,7 @@ class Sequential(Layer):
         if device is None:
             device = getattr(leaves[0], f"mu_{first}").device if leaves else "cpu"
         self._pack: ParameterPack | None = None
+        self._state_pack: StatePack | None = None
         self._build_pack(torch.device(device), float_dtype(dtype))
 
     # ------------------------------------------------------------------ structure
@@ -79,13 +83,16 @@ class Sequential(Layer):
     def _build_pack(self, device: torch.device, dtype: torch.dtype) -> None:
         for layer in self.descendants():
             if isinstance(layer, Sequential):  # a block: its storage now lives here
-                layer._pack = None
+                layer._pack = layer._state_pack = None
         self._device, self._dtype = device, dtype
         self._pack = ParameterPack(self.parametric_leaves(), dtype, device)
+        self._state_pack = StatePack([layer for _, layer in self.named_stateful()], dtype,
+                                     device)
+        self._bindings_checked = False
         self.clear_cache()
 
     def _owned_pack(self) -> ParameterPack:
-        if self._pack is None:
+        if self._pack is None or self._state_pack is None:
             raise RuntimeError(f"{self.label}: this Sequential is a block of another one; call "
                                "step() / flat buffers on the outermost Sequential")
         return self._pack
@@ -118,6 +125,14 @@ class Sequential(Layer):
         """(2, P) live storage of all parameter deltas, same layout as `flat_params`."""
         return self._owned_pack().deltas
 
+    @property
+    def flat_state(self) -> torch.Tensor:
+        """(S,) live storage of all non-parameter state (running statistics), in the order of
+        `named_state_tensors`; empty for a network without BatchNorm."""
+        self._owned_pack()
+        assert self._state_pack is not None
+        return self._state_pack.state
+
     def named_parameter_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Every parameter tensor (mu_w, var_w, mu_b, var_b per parametric leaf, nested ones
         included), depth first in layer order; names are the `state_dict` keys.
@@ -134,6 +149,12 @@ class Sequential(Layer):
         `step()` (e.g. an all-reduce) change what `step()` applies."""
         return [(f"{path}.{name}", tensor) for path, leaf in self.named_leaves()
                 for name, tensor in leaf.named_delta_tensors()]
+
+    def named_state_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Every non-parameter state tensor (`<path>.mu_ra`, `.var_ra`, `.num_batches_tracked`
+        of each BatchNorm, nested ones included): live views of `flat_state`."""
+        return [(f"{path}.{name}", tensor) for path, layer in self.named_stateful()
+                for name, tensor in layer.named_state_tensors()]
 
     # ------------------------------------------------------------------ the loop
     @overload
@@ -205,9 +226,25 @@ class Sequential(Layer):
                     delta = layer.backward(delta, bool(need_input_delta) or i > self._first_param)
             if self._pack is not None:  # the outermost Sequential owns the delta storage
                 self._pack.scale_deltas()
+        if top_level and not self._bindings_checked:
+            self._check_bindings()
         if top_level:
             self.input_delta_x = delta if need_input_delta else None
         return delta
+
+    def _check_bindings(self) -> None:
+        """Once after the first backward (and again after `to()`): every parameter, delta and
+        state attribute must still be the flat buffers' view. A layer that re-assigned one
+        (`self.delta_mu_w = …` instead of writing into it) would silently stop being stepped,
+        all-reduced or saved."""
+        assert self._pack is not None and self._state_pack is not None
+        detached = self._pack.detached() + self._state_pack.detached()
+        if detached:
+            raise RuntimeError(f"{', '.join(detached)}: re-assigned instead of written in place "
+                               "(use copy_ / out=); the attribute no longer points into the "
+                               "network's flat buffer, so it would be neither stepped nor "
+                               "synchronised")
+        self._bindings_checked = True
 
     def step(self) -> None:
         """Capped update of every parameter with its current delta (docs/tagi.md, Capped step).
@@ -243,15 +280,19 @@ class Sequential(Layer):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of every parameter tensor, keyed `<layer path>.<mu_w|var_w|mu_b|var_b>`
-        (e.g. "0.mu_w", "2.var_b"; a block's inner layer "3.1.mu_w")."""
-        return {name: tensor.detach().clone() for name, tensor in self.named_parameter_tensors()}
+        (e.g. "0.mu_w", "2.var_b"; a block's inner layer "3.1.mu_w", a residual block's
+        "3.main.0.mu_w" / "3.short.0.mu_w"), then of every state tensor
+        (`<path>.mu_ra`, `.var_ra`, `.num_batches_tracked` of each BatchNorm)."""
+        return {name: tensor.detach().clone() for name, tensor in
+                self.named_parameter_tensors() + self.named_state_tensors()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Copy parameters in (strict: same keys, same shapes, finite, variances > 0).
+        """Copy parameters and state in (strict: same keys, same shapes, finite, variances > 0,
+        batch counters whole numbers >= 0).
 
         Everything is validated before anything is written. Raises ValueError naming the key.
         """
-        _io.load_into(self.named_parameter_tensors(), state)
+        _io.load_into(self.named_parameter_tensors() + self.named_state_tensors(), state)
 
     def save(self, path: str) -> None:
         """Write the parameters to `path` atomically (a plain tensor file, no pickled code)."""

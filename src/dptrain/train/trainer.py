@@ -142,6 +142,11 @@ class Trainer:
         samples_seen = 0
         while self.epoch < self.config.num_epochs and not self.early.should_stop:
             self.sampler.set_epoch(self.epoch)
+            # per-epoch schedules (TAGI σ_v) and augmentation draws are functions of the epoch,
+            # so a resumed run continues them exactly
+            for owner in (self.learner, self.split.train):
+                if hasattr(owner, "set_epoch"):
+                    owner.set_epoch(self.epoch)
             train_means, seen = self._train_epoch()
             samples_seen += seen
             test_means = self._evaluate()

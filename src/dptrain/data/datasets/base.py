@@ -6,6 +6,7 @@ class ids of shape (N,); regression targets are float32 of shape (N, num_targets
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +35,11 @@ class ArrayDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return self.x.shape[0]
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's input shape."""
+        return tuple(self.x.shape[1:])
 
     def __getitem__(self, idx: int | torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[idx], self.y[idx]
@@ -99,14 +105,19 @@ class Split:
             raise ConfigError(f"Split.num_classes must be set for classification and None for "
                               f"regression, got task={self.task!r}, "
                               f"num_classes={self.num_classes!r}")
-        if self.train.x.shape[1:] != self.test.x.shape[1:]:
-            raise DataError(f"{self.name}: train inputs have shape {tuple(self.train.x.shape)} "
-                            f"but test inputs {tuple(self.test.x.shape)}")
+        if self.train.sample_shape != self.test.sample_shape:
+            raise DataError(f"{self.name}: train inputs have shape "
+                            f"{(len(self.train), *self.train.sample_shape)} but test inputs "
+                            f"{(len(self.test), *self.test.sample_shape)}")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """One sample's input shape, e.g. (64,) or (1, 8, 8)."""
-        return tuple(self.train.x.shape[1:])
+        return self.train.sample_shape
+
+    def with_train(self, train: ArrayDataset) -> Split:
+        """The same split with another training set (e.g. augmented images)."""
+        return dataclasses.replace(self, train=train)
 
     @property
     def output_dim(self) -> int:
@@ -147,6 +158,18 @@ def classification_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor
     return Split(name=name, task="classification", num_classes=num_classes, x_norm=x_norm,
                  train=ArrayDataset(x_norm.apply(x_train).float(), y_train.long()),
                  test=ArrayDataset(x_norm.apply(x_test).float(), y_test.long()))
+
+
+def image_classification_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,
+                               x_test: torch.Tensor, y_test: torch.Tensor, num_classes: int,
+                               x_norm: Normalisation) -> Split:
+    """Like `classification_split` for uint8 images, which stay uint8 in memory and are
+    normalised with `x_norm` one batch at a time (see `ImageDataset`)."""
+    from dptrain.data.datasets.images import ImageDataset
+
+    return Split(name=name, task="classification", num_classes=num_classes, x_norm=x_norm,
+                 train=ImageDataset(x_train, y_train.long(), x_norm),
+                 test=ImageDataset(x_test, y_test.long(), x_norm))
 
 
 def regression_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,

@@ -19,8 +19,9 @@ from dptrain.data.datasets.base import (
     Normalisation,
     Split,
     check_labels,
-    classification_split,
+    image_classification_split,
 )
+from dptrain.data.datasets.images import fit_image_normalisation
 from dptrain.errors import ConfigError, DataError
 
 NUM_CLASSES = 10
@@ -106,7 +107,8 @@ def load_cifar10(directory: str | Path, *, format: str = "auto", flat: bool = Fa
     """CIFAR-10 from `directory` (or its `cifar-10-batches-py|bin` subdirectory).
 
     `format="auto"` picks the binary batches when both are present (no unpickling at all).
-    Inputs are normalised per channel with the training part's mean and std, shaped
+    Pixels stay uint8 in memory; batches come out normalised per channel with the
+    training part's mean and std (`ImageDataset`), shaped
     (3, 32, 32), or (3072,) when `flat` (channel-major, as in the files).
     """
     if format not in FORMATS:
@@ -119,12 +121,12 @@ def load_cifar10(directory: str | Path, *, format: str = "auto", flat: bool = Fa
     train_names = [f"data_batch_{i}" for i in range(1, NUM_TRAIN_BATCHES + 1)]
     x_tr, y_tr = _read_part(dirs, format, train_names)
     x_te, y_te = _read_part(dirs, format, ["test_batch"])
-    x_tr = torch.from_numpy(x_tr.astype(np.float32))
-    x_te = torch.from_numpy(x_te.astype(np.float32))
-    x_norm = Normalisation.fit(x_tr, dim=(0, 2, 3))
+    x_tr = torch.from_numpy(np.require(x_tr, requirements=("C", "W")))  # uint8: 150 MB, not 600 as float32
+    x_te = torch.from_numpy(np.require(x_te, requirements=("C", "W")))
+    x_norm = fit_image_normalisation(x_tr, dim=(0, 2, 3))
     if flat:
         x_tr, x_te = x_tr.reshape(-1, PIXELS), x_te.reshape(-1, PIXELS)
         x_norm = Normalisation(x_norm.mean.expand(3, 32, 32).reshape(PIXELS),
                                x_norm.std.expand(3, 32, 32).reshape(PIXELS))
-    return classification_split("cifar10", x_tr, torch.from_numpy(y_tr), x_te,
-                                torch.from_numpy(y_te), NUM_CLASSES, x_norm)
+    return image_classification_split("cifar10", x_tr, torch.from_numpy(y_tr), x_te,
+                                      torch.from_numpy(y_te), NUM_CLASSES, x_norm)

@@ -18,8 +18,9 @@ from dptrain.data.datasets.base import (
     Normalisation,
     Split,
     check_labels,
-    classification_split,
+    image_classification_split,
 )
+from dptrain.data.datasets.images import fit_image_normalisation
 from dptrain.errors import ConfigError, DataError
 
 IDX_LABELS = 2049
@@ -90,8 +91,8 @@ def load_mnist(directory: str | Path, *, flat: bool = False, variant: str = "mni
     """MNIST or Fashion-MNIST (same file names and format) from `directory`: 60000 / 10000.
 
     Looks for `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`,
-    `t10k-labels-idx1-ubyte`, each raw or `.gz`, in `directory` or `directory/raw`. Inputs are
-    normalised with the mean and std of all training pixels (one scalar each: per-pixel std is
+    `t10k-labels-idx1-ubyte`, each raw or `.gz`, in `directory` or `directory/raw`. Pixels stay
+    uint8 in memory; batches come out normalised with the mean and std of all training pixels (one scalar each: per-pixel std is
     zero at the borders), shaped (1, 28, 28), or (784,) when `flat`.
     """
     if variant not in VARIANTS:
@@ -99,8 +100,11 @@ def load_mnist(directory: str | Path, *, flat: bool = False, variant: str = "mni
     x_tr, y_tr = read_mnist_part(directory, "train")
     x_te, y_te = read_mnist_part(directory, "t10k")
     shape = (-1, x_tr.shape[1] * x_tr.shape[2]) if flat else (-1, 1, *x_tr.shape[1:])
-    x_tr = torch.from_numpy(x_tr.astype(np.float32)).reshape(shape)
-    x_te = torch.from_numpy(x_te.astype(np.float32)).reshape(shape)
-    x_norm = Normalisation.fit(x_tr, dim=tuple(range(x_tr.ndim)))
-    return classification_split(variant, x_tr, torch.from_numpy(y_tr.astype(np.int64)), x_te,
-                                torch.from_numpy(y_te.astype(np.int64)), 10, x_norm)
+    if x_tr.dtype != np.uint8 or x_te.dtype != np.uint8:
+        raise DataError(f"{directory}: MNIST images must be unsigned bytes (IDX type 0x08), "
+                        f"got {x_tr.dtype} and {x_te.dtype}")
+    x_tr = torch.from_numpy(np.require(x_tr, requirements=("C", "W"))).reshape(shape)  # uint8 in memory
+    x_te = torch.from_numpy(np.require(x_te, requirements=("C", "W"))).reshape(shape)
+    x_norm = fit_image_normalisation(x_tr, dim=tuple(range(x_tr.ndim)))
+    return image_classification_split(variant, x_tr, torch.from_numpy(y_tr.astype(np.int64)),
+                                      x_te, torch.from_numpy(y_te.astype(np.int64)), 10, x_norm)

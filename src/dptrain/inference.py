@@ -1,0 +1,237 @@
+"""Use a trained run: `load_run(RUN_DIR)` gives its model, ready to predict in one process.
+
+    import dptrain
+
+    run = dptrain.load_run("runs/tagi-cnn-20260101-120000")     # best checkpoint, else last
+    probs, probs_var = run.predict(raw_images)                   # classification: (B, K) each
+    split = run.load_data()                                      # the run's dataset again
+    out = run.predict_split(split)                               # Prediction of its test part
+
+Inputs are raw, in the data's own units (pixel values 0-255, table features as in the file):
+the run's input normalisation (fitted on its training data) is applied here. Outputs are
+decoded: class probabilities (TAGI: with their variance under the network's output
+distribution), or for regression the predictive mean and variance in the targets' units (torch
+regression models give a mean only). `dptrain predict RUN_DIR --out predictions.csv` writes the
+same as a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dptrain.errors import CheckpointError, ConfigError
+from dptrain.train import checkpoint as ckpt
+
+MC_DRAWS = 256
+"""Draws of the output distribution for the variance of TAGI class probabilities."""
+
+
+@dataclasses.dataclass
+class Prediction:
+    """Per sample: `mean` (class probabilities, or regression means), `var` (their variance;
+    None where the model has none), and the targets if the data had them."""
+
+    mean: torch.Tensor
+    var: torch.Tensor | None
+    targets: torch.Tensor | None = None
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.mean.argmax(1)
+
+
+class TrainedRun:
+    """The model of one run, with the run's input normalisation and output decoding."""
+
+    def __init__(self, run_dir: Path, checkpoint: Path, options: Any, split: Any, model: Any,
+                 kind: str) -> None:
+        self.run_dir, self.checkpoint, self.options = run_dir, checkpoint, options
+        self.model, self.kind = model, kind
+        self.task, self.num_classes = split.task, split.num_classes
+        self.x_norm, self.y_norm = split.x_norm, split.y_norm
+        self._sigma_v: float = options.sigma_v
+        self._split = split
+        if kind == "tagi" and split.task == "classification":
+            from dptrain.tagi import HRCSoftmax
+            self.hrc = HRCSoftmax(split.num_classes)
+
+    # --------------------------------------------------------------------------------- data
+    def load_data(self, spec: str | None = None):
+        """The run's dataset (or `spec`, a dataset spelling of `dptrain.data.load_dataset`)."""
+        if spec is None:
+            return self._split
+        from dptrain.data import load_dataset
+        return load_dataset(spec)
+
+    # ---------------------------------------------------------------------------- predicting
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        raw = torch.as_tensor(raw)
+        return (self.x_norm.apply(raw.float()) if self.x_norm is not None else raw).float()
+
+    @torch.no_grad()
+    def predict(self, raw: torch.Tensor, *, batch_size: int = 256
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mean, var) for raw inputs (B, *input_shape); see the module docstring."""
+        means, variances = [], []
+        for start in range(0, len(raw), batch_size):
+            m, v = self._predict_normalised(self.normalise(raw[start:start + batch_size]))
+            means.append(m)
+            variances.append(v)
+        mean = torch.cat(means)
+        return mean, None if variances[0] is None else torch.cat(variances)
+
+    def predict_split(self, split: Any, part: str = "test", *, batch_size: int = 256
+                      ) -> Prediction:
+        """Predictions for every sample of `split.test` (or `split.train`), with its targets in
+        the data's units. The split's inputs are mapped back to raw values with the split's own
+        normalisation first, so a split loaded from other files of the same kind works too."""
+        dataset = getattr(split, part)
+        raw = raw_inputs(dataset, split.x_norm)
+        mean, var = self.predict(raw, batch_size=batch_size)
+        targets = dataset.y
+        if self.task == "regression" and split.y_norm is not None:
+            targets = split.y_norm.invert(targets)
+        return Prediction(mean, var, targets)
+
+    def _predict_normalised(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.kind == "torch":
+            self.model.eval()
+            out = self.model(x)
+            if self.task == "classification":
+                return torch.softmax(out.float(), dim=1), None
+            return self._to_data_units(out.float(), None)
+        self.model.eval()
+        mu, var = self.model(x.to(self.model.dtype))
+        if self.task == "classification":
+            return self._class_probabilities(mu, var)
+        if self.options.heteroscedastic:
+            from dptrain.tagi import split_heteros
+            pred = split_heteros(mu, var)
+            return self._to_data_units(pred.mean, pred.total_var)
+        return self._to_data_units(mu, var + self._sigma_v ** 2)
+
+    def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """HRC probabilities, and their variance over draws of the outputs ~ N(mu, var)."""
+        probs = self.hrc.probabilities(mu, var)
+        gen = torch.Generator(device=mu.device).manual_seed(0)
+        draws = mu + var.sqrt() * torch.randn((MC_DRAWS, *mu.shape), generator=gen,
+                                              dtype=mu.dtype, device=mu.device)
+        sampled = self.hrc.probabilities(draws.reshape(-1, mu.shape[1]),
+                                         torch.zeros_like(draws).reshape(-1, mu.shape[1]))
+        return probs, sampled.reshape(MC_DRAWS, *probs.shape).var(0)
+
+    def _to_data_units(self, mean: torch.Tensor, var: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.y_norm is None:
+            return mean, var
+        scale = self.y_norm.std.to(mean.dtype)
+        return self.y_norm.invert(mean), None if var is None else var * scale * scale
+
+    def __repr__(self) -> str:
+        return (f"TrainedRun({str(self.run_dir)!r}, model {self.options.model}, "
+                f"checkpoint {self.checkpoint.name})")
+
+
+def raw_inputs(dataset: Any, x_norm: Any) -> torch.Tensor:
+    """A dataset's inputs in the data's own units."""
+    raw = getattr(dataset, "raw", None)
+    if raw is not None:
+        return raw
+    return dataset.x if x_norm is None else x_norm.invert(dataset.x)
+
+
+def find_checkpoint(run_dir: Path, which: str = "best") -> ckpt.Checkpoint:
+    """`which` = "best" (the best checkpoint if the run kept one, else the last) or "last"."""
+    if which not in ("best", "last"):
+        raise ConfigError(f"which checkpoint: expected 'best' or 'last', got {which!r}")
+    directory = run_dir / "checkpoints"
+    if which == "best" and (directory / "best").is_dir():
+        return ckpt.validate(directory / "best")
+    found = ckpt.latest_valid(directory)
+    if found is None:
+        raise CheckpointError(f"{run_dir}: no valid checkpoint in {directory} (is this a run "
+                              f"directory of dptrain train?)")
+    return found
+
+
+def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
+    """The trained model of a `dptrain train` run directory (see the module docstring).
+
+    The run's dataset is read again (for its normalisation and shapes), so it must still be
+    where the run found it; a model file (`--model PATH.py:FUNCTION`) must still hold the same
+    code (its hash is in the run's record).
+    """
+    from dptrain.cli.train_options import TrainOptions, accepted_keys
+    from dptrain.cli.train_worker import build_model, load_split
+    from dptrain.learners.user_model import is_model_file, model_file_sha256
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory not found: {run_dir}")
+    found = find_checkpoint(run_dir, which)
+    record = found.meta.get("config", {}).get("record") or {}
+    if not record:
+        raise CheckpointError(f"{found.path}: no record of the options that built this run "
+                              f"(written by a Trainer outside dptrain train?)")
+    options = TrainOptions(**{k: v for k, v in record.items() if k in accepted_keys()})
+    options = dataclasses.replace(options, augment="off")
+    digest = found.meta.get("run_record", {}).get("model_sha256")
+    if is_model_file(options.model) and digest is not None:
+        path = options.model.rpartition(":")[0]
+        if model_file_sha256(path) != digest:
+            raise CheckpointError(f"{path} changed since the run was trained (sha256 differs "
+                                  f"from the run's record): the checkpoint may not fit it")
+    state = found.load_state()
+    if not state.get("learner"):
+        raise CheckpointError(f"{found.path}: a sharded (FSDP) checkpoint; load_run reads "
+                              f"replicated ones")
+    split = load_split(options)
+    model, kind = build_model(options, split)
+    weights = dict(state["learner"]["model"])
+    if kind == "torch":
+        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
+    model.load_state_dict(weights)
+    run = TrainedRun(run_dir, found.path, options, split, model, kind)
+    saved_sigma = state["learner"].get("sigma_v") if kind == "tagi" else None
+    if saved_sigma is not None:
+        run._sigma_v = saved_sigma["current"]
+    return run
+
+
+def write_predictions(path: str | Path, prediction: Prediction, task: str) -> None:
+    """One row per sample: index, target (if known), then the decoded outputs."""
+    mean, var = prediction.mean, prediction.var
+    k = mean.shape[1]
+    if task == "classification":
+        columns = ["index"] + (["label"] if prediction.targets is not None else []) + \
+            ["predicted"] + [f"p{i}" for i in range(k)] + \
+            ([f"p{i}_var" for i in range(k)] if var is not None else [])
+    else:
+        columns = ["index"] + ([f"y{i}" for i in range(k)] if prediction.targets is not None
+                               else []) + [f"mean{i}" for i in range(k)] + \
+            ([f"var{i}" for i in range(k)] if var is not None else [])
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for i in range(len(mean)):
+            row: list[Any] = [i]
+            if prediction.targets is not None:
+                t = prediction.targets[i]
+                row += [int(t)] if task == "classification" else [f"{v:.9g}" for v in
+                                                                    t.reshape(-1).tolist()]
+            if task == "classification":
+                row.append(int(mean[i].argmax()))
+            row += [f"{v:.9g}" for v in mean[i].tolist()]
+            if var is not None:
+                row += [f"{v:.9g}" for v in var[i].tolist()]
+            writer.writerow(row)
+    tmp.replace(path)
+

@@ -1,0 +1,345 @@
+"""The built-in models of both learner kinds, each sized from the dataset it will train on.
+
+    from dptrain.learners.models import ModelOptions, build_model, get_model
+
+    spec = get_model("tagi-cnn")                      # kind "tagi", defaults, input check
+    net = build_model("tagi-cnn", (1, 28, 28), 11)    # a dptrain.tagi.Sequential
+    cnn = build_model("torch-resnet18", (3, 32, 32), 10, ModelOptions(width=8))  # nn.Module
+
+`num_outputs` is the output width the learner needs: the hierarchical-softmax width for TAGI
+classification (`HRCSoftmax(num_classes).num_outputs`, 11 for 10 classes), the number of classes
+for torch classification, the number of targets for regression. Every builder accepts flat
+`(N,)` inputs and images `(C, H, W)`; the image networks need images (or flat rows of a square
+image, e.g. the 64 pixels of the 8x8 digits), and the CNNs pick their
+kernel sizes and pooling so that 8x8, 28x28 and 32x32 inputs (and sizes in between) all work.
+`check_input(name, input_shape)` says, in one line, why a model cannot take a shape, so the
+command line can refuse a dataset before any worker starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from dptrain.errors import ConfigError
+
+Kind = Literal["tagi", "torch"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """What a user may change about a built-in model without writing one."""
+
+    hidden: int = 128
+    """Width of the hidden layers of the MLPs."""
+    dropout: float = 0.0
+    """torch-mlp: dropout probability after each hidden layer (it draws from torch's global
+    generator, per rank, while training)."""
+    width: int = 64
+    """ResNets: channels of the first stage (the stages have width, 2, 4 and 8 times width);
+    64 is the usual ResNet18, smaller values make tiny networks for tests."""
+    gain_weight: float | None = None
+    """TAGI: scale of the initial weight standard deviations (None: the model's default)."""
+    gain_bias: float | None = None
+    """TAGI: the same for biases (None: as gain_weight)."""
+    dtype: torch.dtype = torch.float32
+    """TAGI: float32 or float64."""
+    heteroscedastic: bool = False
+    """TAGI regression (tagi-mlp): 2 outputs per target, (mean, noise) pairs through EvenExp."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of the registry."""
+
+    name: str
+    kind: Kind
+    build: Callable[[tuple[int, ...], int, ModelOptions], Any]
+    summary: str
+    needs_image: bool = False
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """Training defaults this model was tuned with (batch_size, sigma_v, gain, ...), used where
+    the user gave no value."""
+
+
+# ------------------------------------------------------------------------------ shape helpers
+def image_shape(shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(C, H, W) of an image sample: the shape itself, or for flat rows of n values a square
+    grey image (n = s²) or a square colour one (n = 3·s², channel-major); None otherwise."""
+    if len(shape) == 3:
+        c, h, w = shape
+        return c, h, w
+    if len(shape) != 1:
+        return None
+    n = shape[0]
+    for c in (1, 3):
+        side = math.isqrt(n // c)
+        if n % c == 0 and side * side * c == n and side > 1:
+            return c, side, side
+    return None
+
+
+def _image(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    image = image_shape(shape)
+    if image is None:
+        raise ConfigError(f"inputs of shape {shape} are not images")
+    return image
+
+
+def _flat_size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _gains(options: ModelOptions, default: float = 1.0) -> tuple[float, float]:
+    gw = options.gain_weight if options.gain_weight is not None else default
+    gb = options.gain_bias if options.gain_bias is not None else gw
+    return gw, gb
+
+
+# ---------------------------------------------------------------------------- TAGI builders
+def tagi_mlp(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """Two ReLU layers of width `hidden`; image inputs are flattened (C-major) by the first
+    Linear layer."""
+    from dptrain.tagi import EvenExp, Linear, ReLU, Sequential
+
+    gw, gb = _gains(options)
+    width, layers = _flat_size(input_shape), []
+    for _ in range(2):
+        layers += [Linear(width, options.hidden, gain_weight=gw, gain_bias=gb), ReLU()]
+        width = options.hidden
+    if options.heteroscedastic:
+        return Sequential(*layers, Linear(width, 2 * num_outputs, gain_weight=gw, gain_bias=gb),
+                          EvenExp(), dtype=options.dtype)
+    return Sequential(*layers, Linear(width, num_outputs, gain_weight=gw, gain_bias=gb),
+                      dtype=options.dtype)
+
+
+def _cnn_plan(h: int, w: int) -> list[tuple[int, int, int, int]]:
+    """(conv kernel, conv padding, pool kernel, pool stride) of the two stages.
+
+    pytagi's MNIST CNN (kernels 4 and 5, padding 1 then 0, 3x3 pools with stride 2) for inputs
+    of 24 pixels and more; on smaller images it would shrink them to nothing, so there it is
+    scaled down to 3x3 'same' convolutions and 2x2 pools (8x8 -> 4x4 -> 2x2)."""
+    if min(h, w) >= 24:
+        return [(4, 1, 3, 2), (5, 0, 3, 2)]
+    if min(h, w) >= 4:
+        return [(3, 1, 2, 2), (3, 1, 2, 2)]
+    raise ConfigError(f"the CNNs need images of at least 4x4 pixels, got {h}x{w}")
+
+
+def _stage_out(size: int, conv_k: int, conv_p: int, pool_k: int, pool_s: int) -> int:
+    size = size + 2 * conv_p - conv_k + 1
+    return (size - pool_k) // pool_s + 1
+
+
+def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """pytagi's classification CNN: Conv2d(C,16) - ReLU - AvgPool2d - Conv2d(16,32) - ReLU -
+    AvgPool2d - Linear(., 100) - ReLU - Linear(100, num_outputs) (hidden 64 on small images)."""
+    from dptrain.tagi import AvgPool2d, Conv2d, Linear, ReLU, Sequential
+
+    c, h, w = _image(input_shape)
+    hidden = 100 if min(h, w) >= 24 else 64
+    gw, gb = _gains(options)
+    layers: list[Any] = []
+    channels = c
+    for out_c, (k, p, pk, ps) in zip((16, 32), _cnn_plan(h, w)):
+        first = not layers
+        layers += [Conv2d(channels, out_c, k, padding=p, gain_weight=gw, gain_bias=gb,
+                          **({"in_width": w, "in_height": h} if first else {})),
+                   ReLU(), AvgPool2d(pk, stride=ps)]
+        channels = out_c
+        h, w = _stage_out(h, k, p, pk, ps), _stage_out(w, k, p, pk, ps)
+    return Sequential(*layers, Linear(channels * h * w, hidden, gain_weight=gw, gain_bias=gb),
+                      ReLU(), Linear(hidden, num_outputs, gain_weight=gw, gain_bias=gb),
+                      dtype=options.dtype)
+
+
+def tagi_resnet18(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """pytagi's CIFAR-10 ResNet18: every 3x3 conv (no bias) followed by MixtureReLU then
+    BatchNorm2d; the first block of stages 2-4 has stride 2 with padding_type 2 and a projection
+    shortcut Conv2d(k=2, stride=2) + MixtureReLU + BatchNorm2d; no activation after the sum;
+    AvgPool2d over the last feature map (4x4 on 32x32 inputs), Linear(8·width, num_outputs)."""
+    try:
+        from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, Linear,
+                                  MixtureReLU, ResNetBlock, Sequential)
+    except ImportError:  # pragma: no cover - an engine without normalisation layers
+        raise ConfigError("tagi-resnet18 needs the TAGI BatchNorm2d and ResNetBlock layers, "
+                          "which this installation of dptrain lacks") from None
+
+    c, h, w = _image(input_shape)
+    gw, gb = _gains(options)
+
+    def conv(cin: int, cout: int, k: int = 3, stride: int = 1, padding: int = 1,
+             padding_type: int = 1, **extra: Any) -> list[Any]:
+        return [Conv2d(cin, cout, k, bias=False, stride=stride, padding=padding,
+                       padding_type=padding_type, gain_weight=gw, **extra),
+                MixtureReLU(), BatchNorm2d(cout)]
+
+    def block(cin: int, cout: int, stride: int) -> Any:
+        pt = 2 if stride == 2 else 1
+        main = LayerBlock(*conv(cin, cout, stride=stride, padding_type=pt), *conv(cout, cout))
+        if stride == 1 and cin == cout:
+            return ResNetBlock(main)
+        return ResNetBlock(main, LayerBlock(*conv(cin, cout, k=2, stride=2, padding=0)))
+
+    base = options.width
+    layers: list[Any] = conv(c, base, in_width=w, in_height=h)
+    cin = base
+    for stage, mult in enumerate((1, 2, 4, 8)):
+        cout = base * mult
+        stride = 1 if stage == 0 else 2
+        layers += [block(cin, cout, stride), block(cout, cout, 1)]
+        cin = cout
+    final_hw = h // 8
+    return Sequential(*layers, AvgPool2d(final_hw),
+                      Linear(cin, num_outputs, gain_weight=gw, gain_bias=gb),
+                      dtype=options.dtype)
+
+
+# --------------------------------------------------------------------------- torch builders
+class Reshape(nn.Module):
+    """(B, ...) -> (B, *shape): lets the image networks take flat rows too."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.shape)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}"
+
+
+def torch_mlp(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """Flatten -> hidden -> hidden -> num_outputs with ReLU (and Dropout if asked)."""
+    hidden, dropout = options.hidden, options.dropout
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+
+    def hidden_block(n_in: int) -> list[nn.Module]:
+        return [nn.Linear(n_in, hidden), nn.ReLU(), *([nn.Dropout(dropout)] if dropout else [])]
+
+    return nn.Sequential(nn.Flatten(), *hidden_block(_flat_size(input_shape)),
+                         *hidden_block(hidden), nn.Linear(hidden, num_outputs))
+
+
+def torch_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions,
+              channels: int = 16):
+    """Two 3x3 conv + BatchNorm + ReLU blocks and a linear head. On images of 16 pixels and
+    more a 2x2 max-pool follows the first block; the last pool brings the map to 4x4 (8x8
+    digits: a 2x2 max-pool, the layout of the original digits recipe)."""
+    c, h, w = _image(input_shape)
+    if min(h, w) < 4:
+        raise ConfigError(f"torch-cnn needs images of at least 4x4 pixels, got {h}x{w}")
+    layers: list[nn.Module] = [Reshape((c, h, w)),
+                               nn.Conv2d(c, channels, 3, padding=1), nn.BatchNorm2d(channels),
+                               nn.ReLU()]
+    if min(h, w) >= 16:
+        layers.append(nn.MaxPool2d(2))
+    layers += [nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels),
+               nn.ReLU(), nn.AdaptiveMaxPool2d(4),
+               nn.Flatten(), nn.Linear(2 * channels * 16, num_outputs)]
+    return nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    """The ResNet18 block: two 3x3 conv + BatchNorm, ReLU after the first and after the sum;
+    a 1x1 strided conv + BatchNorm shortcut where the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.main = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout),
+            nn.ReLU(), nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout))
+        self.short = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.main(x) + self.short(x))
+
+
+def torch_resnet18(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """The usual CIFAR ResNet18: 3x3 stem without max-pool, stages of width 1, 2, 4, 8 x
+    `width` with strides 1, 2, 2, 2, two blocks each, global average pool, linear head."""
+    c, h, w = _image(input_shape)
+    base = options.width
+    layers: list[nn.Module] = [Reshape((c, h, w)),
+                               nn.Conv2d(c, base, 3, padding=1, bias=False),
+                               nn.BatchNorm2d(base), nn.ReLU()]
+    cin = base
+    for stage, mult in enumerate((1, 2, 4, 8)):
+        cout = base * mult
+        layers += [BasicBlock(cin, cout, 1 if stage == 0 else 2), BasicBlock(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_outputs)]
+    return nn.Sequential(*layers)
+
+
+# ------------------------------------------------------------------------------ the registry
+_RESNET_DEFAULTS = {"batch_size": 64, "sigma_v": 0.05, "gain": 0.083}
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
+    ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN)",
+              needs_image=True),
+    ModelSpec("tagi-resnet18", "tagi", tagi_resnet18, "TAGI ResNet18 (pytagi's CIFAR-10 one)",
+              needs_image=True, defaults=_RESNET_DEFAULTS),
+    ModelSpec("torch-mlp", "torch", torch_mlp, "torch MLP, 2 ReLU layers of --hidden units"),
+    ModelSpec("torch-cnn", "torch", torch_cnn, "torch CNN, 2 conv + BatchNorm blocks",
+              needs_image=True),
+    ModelSpec("torch-resnet18", "torch", torch_resnet18, "torch CIFAR ResNet18",
+              needs_image=True),
+)}
+TAGI_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "tagi")
+TORCH_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "torch")
+
+
+def get_model(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; built-in: {', '.join(MODELS)}, or "
+                          f"PATH.py:FUNCTION for your own")
+    return MODELS[name]
+
+
+def check_input(name: str, input_shape: tuple[int, ...]) -> None:
+    """Raise a one-line ConfigError if model `name` cannot take samples of `input_shape`."""
+    spec = get_model(name)
+    if not spec.needs_image:
+        return
+    image = image_shape(tuple(input_shape))
+    if image is None:
+        raise ConfigError(f"model {name} takes images (channels, height, width, or flat rows "
+                          f"of a square image); the dataset's inputs have shape "
+                          f"{tuple(input_shape)} (use a tagi-mlp or torch-mlp model)")
+    h, w = image[1:]
+    smallest = 8 if "resnet" in name else 4
+    if min(h, w) < smallest or ("resnet" in name and (h % 8 or w % 8)):
+        need = ("a multiple of 8 pixels on each side (three stride-2 stages)"
+                if "resnet" in name else f"at least {smallest}x{smallest} pixels")
+        raise ConfigError(f"model {name} needs images of {need}; the dataset's are {h}x{w}")
+
+
+def num_outputs(kind: Kind, task: str, num_classes: int | None, num_targets: int | None
+                ) -> int:
+    """The output width a learner of `kind` needs: the hierarchical-softmax width for TAGI
+    classification (11 for 10 classes), the number of classes for torch classification, the
+    number of targets for regression."""
+    if task != "classification":
+        return int(num_targets)
+    if kind == "tagi":
+        from dptrain.tagi import HRCSoftmax
+        return HRCSoftmax(num_classes).num_outputs
+    return int(num_classes)
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int,
+                options: ModelOptions | None = None) -> Any:
+    """A fresh model `name` for samples of `input_shape` with `num_outputs` outputs; seed
+    torch (and `dptrain.tagi.manual_seed` for TAGI models) first for a reproducible init."""
+    check_input(name, tuple(input_shape))
+    return get_model(name).build(tuple(input_shape), num_outputs, options or ModelOptions())

@@ -1,0 +1,158 @@
+"""Your own model for `dptrain train --model PATH.py:FUNCTION`.
+
+    # my_model.py
+    from dptrain.tagi import Conv2d, Linear, ReLU, AvgPool2d, Sequential
+
+    def small_cnn(input_shape, num_outputs):
+        c, h, w = input_shape
+        return Sequential(Conv2d(c, 8, 3, padding=1), ReLU(), AvgPool2d(2),
+                          Linear(8 * (h // 2) * (w // 2), num_outputs))
+
+`FUNCTION(input_shape, num_outputs)` returns a `dptrain.tagi.Sequential` (trained by TAGI) or a
+`torch.nn.Module` (trained with Adam and the task's loss). `num_outputs` is what the learner
+needs: for TAGI classification the hierarchical-softmax width (11 for 10 classes), for torch
+classification the number of classes, for regression the number of targets. The learner kind
+is only known from what FUNCTION returns, so for classification it is first called with the
+number of classes and, if it returns a TAGI network, called again with the softmax width (build
+your model from the arguments only). Each problem is one line (a ConfigError) raised by
+`load_user_model`, which the command line calls before any worker starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from dptrain.errors import ConfigError
+
+
+def is_model_file(spec: str) -> bool:
+    """True for `PATH.py:FUNCTION` (as opposed to a built-in model's name)."""
+    path, sep, func = spec.rpartition(":")
+    return bool(sep) and path.endswith(".py") and bool(func)
+
+
+def model_file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of the file's bytes: what identifies a user model in a run's record."""
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    except OSError as err:
+        raise ConfigError(f"model file {path}: cannot read it: {err.strerror or err}") from None
+
+
+def split_spec(spec: str) -> tuple[Path, str]:
+    path, sep, func = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not func.isidentifier():
+        raise ConfigError(f"--model {spec!r}: expected PATH.py:FUNCTION (a Python file and the "
+                          f"name of a function in it)")
+    return Path(path).expanduser(), func
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """The function `spec` names, imported from its file (which runs the file's top level)."""
+    path, func = split_spec(spec)
+    if not path.is_file():
+        raise ConfigError(f"--model {spec}: model file not found: {path}")
+    name = f"_dptrain_user_model_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"--model {spec}: cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:  # the user's code: any failure is "this file does not import"
+        raise ConfigError(f"--model {spec}: importing {path} failed: {type(err).__name__}: "
+                          f"{err}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        defined = sorted(n for n, v in vars(module).items()
+                         if callable(v) and getattr(v, "__module__", None) == name)
+        raise ConfigError(f"--model {spec}: {path} has no function {func!r} (it defines: "
+                          f"{', '.join(defined) or 'no functions'})")
+    return fn
+
+
+class UserModel(NamedTuple):
+    model: Any
+    kind: str
+    """"tagi" or "torch"."""
+    num_outputs: int
+
+
+def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
+                    num_classes: int | None, num_targets: int | None,
+                    seed: int | None = None, heteroscedastic: bool = False) -> UserModel:
+    """Build the user's model for this dataset and check it fits (type and output width).
+    With `heteroscedastic` (TAGI regression), a TAGI model outputs (mean, noise) pairs: twice
+    the targets."""
+    from dptrain.learners.models import num_outputs
+    from dptrain.tagi import Sequential, manual_seed
+
+    fn = load_function(spec)
+    torch_width = num_outputs("torch", task, num_classes, num_targets)
+
+    def call(width: int) -> Any:
+        if seed is not None:
+            torch.manual_seed(seed)
+            manual_seed(seed)
+        try:
+            return fn(tuple(input_shape), width)
+        except Exception as err:
+            raise ConfigError(f"--model {spec}: {type(err).__name__} while building the model "
+                              f"for inputs {tuple(input_shape)}, {width} outputs: {err}") from None
+
+    model = call(torch_width)
+    if isinstance(model, Sequential):
+        kind = "tagi"
+        width = num_outputs("tagi", task, num_classes, num_targets)
+        if heteroscedastic:
+            width *= 2
+        if width != torch_width:
+            model = call(width)
+    elif isinstance(model, torch.nn.Module):
+        kind, width = "torch", torch_width
+    else:
+        raise ConfigError(f"--model {spec}: returned a {type(model).__name__}; expected a "
+                          f"dptrain.tagi.Sequential or a torch.nn.Module")
+    got = output_width(model, kind, input_shape, spec)
+    if got != width:
+        need = ("the hierarchical-softmax width for "
+                f"{num_classes} classes" if kind == "tagi" and task == "classification"
+                else f"{num_classes} classes" if task == "classification"
+                else f"(mean, noise) pairs for {num_targets} target(s)" if width != torch_width
+                else f"{num_targets} target(s)")
+        raise ConfigError(f"--model {spec}: the model outputs {got} values per sample, the "
+                          f"learner needs {width} ({need}, passed as num_outputs)")
+    return UserModel(model, kind, width)
+
+
+def output_width(model: Any, kind: str, input_shape: tuple[int, ...], spec: str) -> int:
+    """Width of the model's output on a batch of two zero samples (eval mode, no update)."""
+    x = torch.zeros(2, *input_shape)
+    try:
+        if kind == "tagi":
+            model.eval()
+            mu, _ = model(x.to(model.dtype))
+            model.train()
+            out = mu
+        else:
+            was_training = model.training
+            model.eval()
+            with torch.no_grad():
+                out = model(x)
+            model.train(was_training)
+    except Exception as err:
+        raise ConfigError(f"--model {spec}: the model fails on inputs of shape "
+                          f"{tuple(input_shape)}: {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}") from None
+    if out.dim() != 2:
+        raise ConfigError(f"--model {spec}: the model's output has shape {tuple(out.shape)} for "
+                          f"a batch of 2; expected (batch, outputs)")
+    return int(out.shape[1])
