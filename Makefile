@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The torch the tests are run with (override: make TORCH_SPEC=...); the package needs torch>=2.6.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast setup mpi clean
+.PHONY: demo test test-fast setup system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,17 +18,21 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# OpenMPI and MPICH from the distribution, for the mpirun / mpiexec tests.
-MPI_PACKAGES := openmpi-bin mpich
-mpi:
-	@command -v mpirun.openmpi >/dev/null && command -v mpiexec.mpich >/dev/null || { \
+# The launchers the e2e tests run for real, from the distribution: OpenMPI and MPICH (mpirun,
+# mpiexec), and Slurm with munge (a one-node cluster that the tests start and stop themselves).
+SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge
+SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged
+system-deps:
+	@for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing=1; done; \
+	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(MPI_PACKAGES); }
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_PACKAGES); }
 
 demo: setup
 	$(VENV)/bin/dptrain train
 
-test: setup mpi
+test: setup system-deps
 	$(PY) -m pytest -q
 
 test-fast: setup

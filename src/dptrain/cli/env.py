@@ -60,6 +60,20 @@ def hints(environ: dict[str, str], local_world_size: int, cuda_devices: int,
     return out
 
 
+def network_line(env, environ: dict[str, str]) -> str:
+    """The interface gloo and NCCL will use, and why (as the process group would choose it)."""
+    from dptrain.dist.netif import choose_interface
+
+    if not env.is_distributed and not env.master_addr:
+        return ("network interface: none needed (one process); `dptrain run`/`train` and "
+                "workers under a launcher use the one that reaches the rendezvous host")
+    choice = choose_interface(env.master_addr, env.master_port,
+                              multi_node=env.local_world_size < env.world_size, environ=environ)
+    address = f" ({choice.address})" if choice.address else ""
+    return (f"network interface: {choice.name or 'left to gloo/NCCL'}{address}: "
+            f"{choice.reason}")
+
+
 def env_command(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
@@ -86,6 +100,7 @@ def env_command(args: argparse.Namespace) -> int:
         lines.append(f"launcher: {env.launcher}  rank {env.rank}/{env.world_size}  local rank "
                      f"{env.local_rank}/{env.local_world_size}  node {env.node_rank}  "
                      f"master {env.master_addr or '-'}:{env.master_port or '-'}")
+        lines.append(network_line(env, environ))
     except ConfigError as err:
         lines.append(f"launcher: cannot resolve the rank environment: {err}")
     variables = relevant_variables(environ)

@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Start SCRIPT on NPROC processes per node with torch's elastic agent. One "
                     "node by default (a free port is chosen); give --nnodes and --rdzv-endpoint "
                     "on every node for more. A failing worker stops the whole job, named.")
-    p.add_argument("-n", "--nproc", type=int, default=None,
+    p.add_argument("-n", "--nproc", "--nproc-per-node", dest="nproc", type=int, default=None,
                    help="processes per node (default: CUDA devices, or 1 without CUDA)")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", type=int, default=None,
@@ -50,25 +50,59 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if not os.path.isfile(args.script):
         raise ConfigError(f"script not found: {args.script}")
-    argv = [f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}"]
-    if args.nnodes == 1 and args.rdzv_endpoint is None:
-        argv.append("--standalone")
-    else:
-        if args.nnodes < 1:
-            raise ConfigError(f"--nnodes must be >= 1, got {args.nnodes}")
-        if not args.rdzv_endpoint or ":" not in args.rdzv_endpoint:
-            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, the same on every "
-                              f"node, got {args.rdzv_endpoint!r}")
-        argv.append(f"--nnodes={args.nnodes}")
-        if args.node_rank is not None:
-            host, _, port = args.rdzv_endpoint.rpartition(":")
-            argv += ["--rdzv-backend=static", f"--node-rank={args.node_rank}",
-                     f"--master-addr={host}", f"--master-port={port}"]
-        else:
-            argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}",
-                     f"--rdzv-id={args.rdzv_id}"]
+    argv = [f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}",
+            *rendezvous_argv(args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)]
     # The worker wrapper records a raising script's traceback for the agent's failure report.
     return [*argv, "-m", "dptrain.cli.worker", args.script, *args.script_args]
+
+
+def rendezvous_argv(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
+                    rdzv_id: str) -> list[str]:
+    """torchrun's rendezvous options: standalone on one node, else static (a node rank given)
+    or dynamic (c10d) at the endpoint. Shared by `dptrain run` and `dptrain train`."""
+    if nnodes < 1:
+        raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
+    if nnodes == 1 and not rdzv_endpoint:
+        return ["--standalone"]
+    if not rdzv_endpoint or ":" not in rdzv_endpoint:
+        raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, the same on every "
+                          f"node, got {rdzv_endpoint!r}")
+    host, _, port = rdzv_endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r}: the port must be a number")
+    argv = [f"--nnodes={nnodes}"]
+    if node_rank is not None:
+        if not 0 <= node_rank < nnodes:
+            raise ConfigError(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
+        return [*argv, "--rdzv-backend=static", f"--node-rank={node_rank}",
+                f"--master-addr={host.strip('[]')}", f"--master-port={port}"]
+    return [*argv, "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}"]
+
+
+def rendezvous_host(rdzv_endpoint: str | None) -> str:
+    """The host every node dials: the endpoint's, or this machine's for a standalone job."""
+    if not rdzv_endpoint:
+        return "localhost"
+    return rdzv_endpoint.rpartition(":")[0].strip("[]")
+
+
+def _network_interface(rdzv_endpoint: str | None, nnodes: int) -> list[str]:
+    """Export the interface that reaches the rendezvous host for every worker's gloo/NCCL, and
+    on several nodes tell the agent this node's address on it (torch's default, the host name,
+    may resolve to the loopback); extra torchrun options."""
+    from dptrain.dist.netif import export_interface, is_this_machine
+
+    host = rendezvous_host(rdzv_endpoint)
+    choice = export_interface(host, multi_node=nnodes > 1)
+    if nnodes == 1:
+        return []
+    print(f"dptrain: network interface {choice.name or '(left to the backends)'}: "
+          f"{choice.reason}", file=sys.stderr, flush=True)
+    extra = [f"--local-addr={choice.address}"] if choice.address else []
+    # A dynamic rendezvous is served by the node the endpoint names; torch recognises it by
+    # its host name's addresses, which miss it when that name resolves to the loopback.
+    return [*extra, f"--rdzv-conf=is_host={int(is_this_machine(host))}"]
 
 
 def _worker_environment(nproc: int) -> None:
@@ -106,12 +140,14 @@ def _describe(message: object) -> str:
     return f"Its error: {message}" if message else "It died without a Python error (signal?)."
 
 
-def launch(argv: list[str], nproc: int, command: str = "run") -> int:
+def launch(argv: list[str], nproc: int, command: str = "run", *,
+           rdzv_endpoint: str | None = None, nnodes: int = 1) -> int:
     """Run torchrun's agent with `argv` in this process; 0, or 1 naming the failed rank."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     _worker_environment(nproc)
+    argv = [*_network_interface(rdzv_endpoint, nnodes), *argv]
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
@@ -125,4 +161,5 @@ def launch(argv: list[str], nproc: int, command: str = "run") -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    return launch(torchrun_argv(args), resolved_nproc(args))
+    return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
+                  nnodes=args.nnodes)

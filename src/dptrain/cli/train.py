@@ -35,7 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "mnist:DIR, "
                    "fashion-mnist:DIR, cifar10:DIR, csv:PATH, npz:PATH")
     for flag, kind, text in (
-            ("nproc", int, "processes on this machine"), ("epochs", int, "epochs"),
+            ("nproc", int, "processes on this machine"),
+            ("nnodes", int, "nodes; start the same command on each"),
+            ("node-rank", int, "this node's rank (static rendezvous; -1: dynamic)"),
+            ("epochs", int, "epochs"),
             ("batch-size", int, "global batch per step, split over the processes; tagi-resnet18 "
                                   "defaults to 64 (and --gain to 0.083)"),
             ("seed", int, "seed of the data order, initialisation and every RNG"),
@@ -57,6 +60,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("timeout", float, "seconds a collective waits for a missing rank")):
         default = docs[flag.replace("-", "_")][0]
         p.add_argument(f"--{flag}", type=kind, help=f"{text} (default {default})")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="rendezvous host:port reachable from every node (needed if --nnodes>1)")
+    p.add_argument("--rdzv-id", help="job id of a dynamic rendezvous, shared by all nodes")
     p.add_argument("--precision", help="32 or 64 for TAGI; 32, bf16, fp16 for torch")
     p.add_argument("--strategy", choices=("ddp", "fsdp"), help="torch models (default ddp)")
     p.add_argument("--average", action="store_true", default=None,
@@ -117,7 +123,7 @@ def job_world_size(options: TrainOptions, env: DistEnv) -> tuple[int, str]:
     one started this process (whatever --nproc says), else the processes started here."""
     if env.launcher != "single":
         return env.world_size, f"from {env.launcher}"
-    nnodes = getattr(options, "nnodes", 1)
+    nnodes = options.nnodes
     if nnodes > 1:
         return options.nproc * nnodes, f"--nnodes {nnodes} x --nproc {options.nproc}"
     return options.nproc, f"--nproc {options.nproc}"
@@ -128,24 +134,29 @@ def train_command(args: argparse.Namespace) -> int:
     env = resolve_env()
     check_batch_split(options.batch_size, *job_world_size(options, env))
     options = with_run_dir(options, env)
-    if env.launcher == "single" and (options.nproc > 1 or options.max_restarts > 0):
+    one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
+    if env.launcher == "single" and not one_process:
         # A bad dataset, model file or model/dataset pair is one line here, before any worker
         # starts (the workers check it again, for launchers that start them directly).
         from dptrain.cli.train_worker import preflight
 
         preflight(options)
-    if env.launcher != "single" or (options.nproc == 1 and options.max_restarts == 0):
+    if env.launcher != "single" or one_process:
         # Already one of the launcher's processes (torchrun, mpirun, srun), or one is enough.
         from dptrain.cli.train_worker import run_training
 
         run_training(options)
         return 0
-    from dptrain.cli.run import launch
+    from dptrain.cli.run import launch, rendezvous_argv
 
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     options_file = out / "options.json"
     options_file.write_text(options.to_json())
+    rendezvous = rendezvous_argv(options.nnodes,
+                                 None if options.node_rank < 0 else options.node_rank,
+                                 options.rdzv_endpoint or None, options.rdzv_id)
     argv = [f"--nproc-per-node={options.nproc}", f"--max-restarts={options.max_restarts}",
-            "--standalone", "-m", "dptrain.cli.train_worker", str(options_file)]
-    return launch(argv, options.nproc, command="train")
+            *rendezvous, "-m", "dptrain.cli.train_worker", str(options_file)]
+    return launch(argv, options.nproc, command="train",
+                  rdzv_endpoint=options.rdzv_endpoint or None, nnodes=options.nnodes)

@@ -98,6 +98,14 @@ class TrainOptions:
     timeout: float = 300.0
     """Seconds a collective (or the start-up rendezvous) waits for a missing rank before every
     rank fails with an error naming the operation."""
+    nnodes: int = 1
+    """Nodes of the job: start `dptrain train` on each with the same options and rdzv_endpoint."""
+    node_rank: int = -1
+    """This node's rank, 0 .. nnodes-1 (static rendezvous); -1: torch assigns it (dynamic)."""
+    rdzv_endpoint: str = ""
+    """HOST:PORT every node reaches (node 0's, for a static rendezvous); needed when nnodes > 1."""
+    rdzv_id: str = "dptrain"
+    """Job id of a dynamic rendezvous, the same on every node."""
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ConfigError:
@@ -122,6 +130,13 @@ class TrainOptions:
                      "accumulation_steps"):
             if getattr(self, name) < 1:
                 raise bad(name, "an integer >= 1")
+        if self.nnodes < 1:
+            raise bad("nnodes", "an integer >= 1")
+        if not -1 <= self.node_rank < self.nnodes:
+            raise bad("node_rank", f"a node rank in [0, {self.nnodes}) (or -1: dynamic)")
+        if self.nnodes > 1 and ":" not in self.rdzv_endpoint:
+            raise ConfigError(f"nnodes {self.nnodes} needs rdzv-endpoint HOST:PORT, the same on "
+                              f"every node, got {self.rdzv_endpoint!r}")
         for name in ("checkpoint_every", "patience", "max_restarts"):
             if getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")

@@ -7,6 +7,7 @@ out) is raised as `RankFailure` naming this rank, the operation and its size.
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +42,18 @@ ROLL_CALL_S = 3.0
 
 
 def _missing_ranks() -> list[int] | None:
+    """`_roll_call`, given at most ROLL_CALL_S plus a second: when the store's host vanished
+    without closing its sockets (a node lost its network), a store request waits in `recv`
+    without any timeout, so it runs in a thread that is abandoned then (None: no answer)."""
+    answer: list[list[int] | None] = []
+    caller = threading.Thread(target=lambda: answer.append(_roll_call()), daemon=True,
+                              name="dptrain-roll-call")
+    caller.start()
+    caller.join(ROLL_CALL_S + 1.0)
+    return answer[0] if answer else None
+
+
+def _roll_call() -> list[int] | None:
     """After a failed collective: the ranks that do not report in through the rendezvous
     store within ROLL_CALL_S (dead, hung, or still short of the collective), or None when the
     store itself is gone (its host, rank 0, died). Every surviving rank goes through here, so

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dptrain.dist.env import DistEnv, resolve_env
+from dptrain.dist.netif import export_interface
 from dptrain.errors import ConfigError, RankFailure
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,21 @@ def _init_method(env: DistEnv) -> str:
     return f"tcp://{host}:{env.master_port}"
 
 
+def _attempt_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:
+    """Under a torchrun agent whose store outlives a restart (static rendezvous, or a shared
+    c10d store), a client of that store with keys of this attempt only; else None.
+
+    Without the prefix a restarted attempt reads the dead attempt's gloo addresses from the
+    store and dials them ("Connection refused"): every attempt rendezvouses afresh.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"dptrain/attempt-{attempt}", store)
+
+
 def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
                      timeout: timedelta = DEFAULT_TIMEOUT) -> Runtime:
     """Start the default process group for `env` (default: resolved from the environment).
@@ -98,9 +114,17 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _share_cores(env)
+    if chosen in ("gloo", "nccl"):
+        # Before the group opens its sockets: the interface that reaches the master, not the
+        # one this host name happens to resolve to (often the loopback).
+        choice = export_interface(env.master_addr, env.master_port,
+                                  multi_node=env.local_world_size < env.world_size)
+        log.info("rank %d: network interface %s: %s", env.rank, choice.name, choice.reason)
     try:
-        dist.init_process_group(chosen, init_method=_init_method(env), rank=env.rank,
-                                world_size=env.world_size, timeout=timeout)
+        store = _attempt_store(env, timeout)
+        where = {"store": store} if store is not None else {"init_method": _init_method(env)}
+        dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size,
+                                timeout=timeout, **where)
     except (RuntimeError, dist.DistError) as err:
         raise RankFailure(
             f"rank {env.rank}: could not start the {chosen} process group of {env.world_size} "
