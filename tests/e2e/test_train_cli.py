@@ -54,6 +54,8 @@ def test_a_rank_killed_mid_epoch_resumes_bit_exactly(tmp_path):
                              "--max-restarts", "1"), timeout_s=240)
     assert killed.returncode == 0, killed.output
     assert "[rank 1] fault injection: SIGKILL at step 25" in killed.output
+    assert "dptrain train: rank 1 failed (exit code -9); restarting every worker (1 restart(s) " \
+        "left)" in killed.stderr
     assert "resumed from" in killed.stdout and "step-00000020" in killed.stdout
     assert _summary(tmp_path / "killed")["params_sha256"] == \
         _summary(tmp_path / "clean")["params_sha256"]

@@ -12,10 +12,15 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dptrain.cli.train_options import TAGI_MODELS, TrainOptions
-from dptrain.cli.worker import exit_without_teardown
+from dptrain.cli.worker import (
+    exit_interrupted,
+    exit_with_expected_error,
+    exit_without_teardown,
+    is_expected,
+)
 from dptrain.data import Split, load_dataset
 from dptrain.dist import Runtime, distributed, rank_zero_print, setup_logging
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, DptrainError
 from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
 from dptrain.train import FailAt, TrainConfig, Trainer
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
@@ -97,7 +102,14 @@ def _fit(options: TrainOptions, runtime: Runtime) -> dict:
 @record
 def main() -> None:
     options = TrainOptions.from_json(Path(sys.argv[1]).read_text())
-    run_training(options)
+    try:
+        run_training(options)
+    except DptrainError as err:
+        if not is_expected(err):
+            raise
+        exit_with_expected_error(err, "train")
+    except KeyboardInterrupt:
+        exit_interrupted()
     exit_without_teardown(0)  # see there: torch can abort a finished worker in teardown
 
 
