@@ -53,7 +53,7 @@ def test_a_rank_killed_mid_epoch_resumes_bit_exactly(tmp_path):
     killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:25",
                              "--max-restarts", "1"), timeout_s=240)
     assert killed.returncode == 0, killed.output
-    assert "[rank 1] fault injection: SIGKILL at step 25" in killed.output
+    assert "[rank 1] fault injection (attempt 0): SIGKILL at step 25" in killed.output
     assert "dptrain train: rank 1 failed (exit code -9); restarting every worker (1 restart(s) " \
         "left)" in killed.stderr
     assert "resumed from" in killed.stdout and "step-00000020" in killed.stdout

@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DptrainError as err:
-        print(f"dptrain {args.command}: error: {_rank_prefix()}{err}", file=sys.stderr)
+        text = str(err)
+        prefix = _rank_prefix()
+        if text.startswith(prefix):  # the message names its rank already
+            prefix = ""
+        print(f"dptrain {args.command}: error: {prefix}{text}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"dptrain {args.command}: interrupted", file=sys.stderr)
