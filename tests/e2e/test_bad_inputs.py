@@ -191,6 +191,11 @@ CASES = {
     "rank-without-world-size": Case(lambda t, o: [], 2,
                                     "torchrun/env environment is partial: RANK is set but "
                                     "WORLD_SIZE is not", env={"RANK": "0"}),
+    "bad-option-under-a-launcher": Case(lambda t, o: ["--epochs", "0"], 2,
+                                        "dptrain train: error: rank 1: epochs: expected an "
+                                        "integer >= 1, got 0",
+                                        env={"RANK": "1", "WORLD_SIZE": "2",
+                                             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}),
     "rendezvous-port-taken": Case(lambda t, o: ["--timeout", "5"], 5,
                                   "rank 0: could not start the gloo process group of 2 ranks "
                                   "at 127.0.0.1:{busy}",
