@@ -134,6 +134,9 @@ def _agent_class(command: str):
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+    if not hasattr(LocalElasticAgent, "_monitor_workers"):  # a private hook; torch may move it
+        return LocalElasticAgent
+
     class DptrainAgent(LocalElasticAgent):
         def _monitor_workers(self, worker_group):
             result = super()._monitor_workers(worker_group)
