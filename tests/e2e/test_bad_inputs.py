@@ -53,6 +53,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     processes: bool = False
     """Run through a real launcher (subprocess) instead of in this process."""
+    fresh: bool = False
+    """Start in an empty run directory (the finished run is of another model)."""
 
 
 # ------------------------------------------------------------------------------ bad files
@@ -183,6 +185,10 @@ CASES = {
                             "fail-at must be RANK:STEP or RANK:ckpt:STEP"),
     "config-unknown-key": Case(lambda t, o: ["--config", str(_write(
         t / "c.toml", b"epochs = 1\nwidth = 3\n"))], 2, "c.toml: unknown key 'width'"),
+    "learning-rate-diverges": Case(lambda t, o: ["--model", "torch-mlp", "--lr", "1e30"], 6,
+                                  "dptrain train: error: train step 1: the loss is not finite on "
+                                  "rank(s) 0 (here: nan); no rank updated the parameters",
+                                  fresh=True),
     # The launcher's environment.
     "rank-not-below-world-size": Case(lambda t, o: [], 2,
                                       "env: rank must be in [0, 2), got 2",
@@ -271,7 +277,10 @@ def test_bad_input_is_one_line_and_touches_no_checkpoint(name, finished_run, bus
                                                          tmp_path, monkeypatch, capsys):
     case = {**CASES, **RESUME_CASES}[name]
     out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
+    if case.fresh:
+        (out / "checkpoints").mkdir(parents=True)
+    else:
+        shutil.copytree(finished_run, out)
     data = tmp_path / "data"
     data.mkdir()
     flags = case.args(data, out)
