@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from dptrain.cli.main import main
-from tests._cli import dptrain_cmd, run
+from tests._cli import REPO, base_env, dptrain_cmd, run, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -156,3 +159,28 @@ def test_sharded_fsdp_run_killed_mid_epoch_resumes_bit_exactly(tmp_path):
     assert (tmp_path / "killed" / "checkpoints" / "step-00000016" / "sharded").is_dir()
     assert _summary(tmp_path / "killed")["params_sha256"] == \
         _summary(tmp_path / "clean")["params_sha256"]
+
+
+def test_sigterm_stops_the_job_quietly_with_status_143(tmp_path):
+    """A scheduler's SIGTERM (a cancelled job, a pre-empted node) ends `dptrain train` as a shell
+    expects: status 128 + 15, one line, no traceback from torch's agent."""
+    out = tmp_path / "r"
+    log = (tmp_path / "train.log").open("w")
+    proc = subprocess.Popen(dptrain_cmd("train", "--epochs", "1000", "--no-progress", "--out",
+                                        str(out)), cwd=REPO, env=base_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "epochs.csv").exists():  # the workers are training
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                (tmp_path / "train.log").read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        stop(proc)
+        log.close()
+    output = (tmp_path / "train.log").read_text()
+    assert proc.returncode == 143, output
+    assert "dptrain train: stopped by SIGTERM" in output
+    assert "Traceback" not in output, output
