@@ -36,7 +36,8 @@ def test_flags_win_over_the_toml_file(tmp_path):
     (["--epochs", "0"], None, "epochs: expected an integer >= 1, got 0"),
     (["--precision", "bf16"], None, "precision bf16 is for torch models"),
     (["--model", "torch-mlp", "--precision", "64"], None, "precision 64 is for TAGI models"),
-    (["--fail-at", "x"], None, "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative integers, comma-separated, got 'x'"),
+    (["--fail-at", "x"], None, "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative "
+                               "integers, comma-separated, got 'x'"),
 ])
 def test_bad_values_say_what_is_accepted(tmp_path, argv, toml, message):
     if toml is not None:
