@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch; real users install any torch>=2.4 (see pyproject.toml).
+# The torch the tests are run with (override: make TORCH_SPEC=...); the package needs torch>=2.6.
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: demo test test-fast setup mpi clean

@@ -1,7 +1,8 @@
 """pytagi half of tagi_vs_pytagi.py: runs in bench/.venv-pytagi, driven over stdin/stdout.
 
 Protocol: one JSON object per line in, one per line out.
-    {"cmd": "init", "data": "<path.npz>", "batch_sizes": [32, 256], "threads": 2, "sigma_v": 0.05}
+    {"cmd": "init", "data": "<path.npz>", "batch_sizes": [32, 256], "threads": 2, "sigma_v": 0.05,
+     "network": "fnn" | "cnn"}
         -> {"pytagi": "0.2.1", "numpy": "..."}
     {"cmd": "train" | "eval", "batch_size": 32, "num_steps": 128}   -> {"seconds": 0.71}
     {"cmd": "test_error", "batch_size": 32}                          -> {"test_error": 0.02}
@@ -21,19 +22,29 @@ import traceback
 import numpy as np
 import pytagi
 from pytagi import Utils
-from pytagi.nn import Linear, OutputUpdater, ReLU, Sequential
+from pytagi.nn import AvgPool2d, Conv2d, Linear, OutputUpdater, ReLU, Sequential
 
 NUM_CLASSES = 10
 
 
+def build(network):
+    """The benchmark's networks, as pytagi's examples write them (flat 784-value inputs)."""
+    if network == "cnn":  # pytagi's MNIST classification CNN
+        return Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
+                          AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
+                          Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
+    return Sequential(Linear(784, 128), ReLU(), Linear(128, 128), ReLU(), Linear(128, 11))
+
+
 class PytagiBench:
-    """One FNN 784-128-128-11 per batch size, on a fixed data set.
+    """One network (FNN 784-128-128-11 or the CNN) per batch size, on a fixed data set.
 
     pytagi sizes its state buffers at the first forward and crashes on a later, larger batch,
     so each batch size gets its own network (the dptrain side does the same, for symmetry).
     """
 
-    def __init__(self, data: str, batch_sizes: list[int], threads: int, sigma_v: float):
+    def __init__(self, data: str, batch_sizes: list[int], threads: int, sigma_v: float,
+                 network: str = "fnn"):
         arrays = np.load(data)
         self.x_train = np.ascontiguousarray(arrays["x_train"], dtype=np.float32)  # (N, 784)
         self.x_test = np.ascontiguousarray(arrays["x_test"], dtype=np.float32)  # (M, 784)
@@ -46,7 +57,7 @@ class PytagiBench:
         self.hrc = self.utils.get_hierarchical_softmax(NUM_CLASSES)
         self.nets = {}
         for batch_size in batch_sizes:
-            net = Sequential(Linear(784, 128), ReLU(), Linear(128, 128), ReLU(), Linear(128, 11))
+            net = build(network)
             net.set_threads(threads)
             self.nets[batch_size] = (net, OutputUpdater(net.device))
         self.cursor = {b: 0 for b in batch_sizes}
@@ -98,7 +109,8 @@ class PytagiBench:
 def handle(bench: PytagiBench | None, msg: dict) -> tuple[PytagiBench | None, dict]:
     cmd = msg["cmd"]
     if cmd == "init":
-        bench = PytagiBench(msg["data"], msg["batch_sizes"], msg["threads"], msg["sigma_v"])
+        bench = PytagiBench(msg["data"], msg["batch_sizes"], msg["threads"], msg["sigma_v"],
+                            msg.get("network", "fnn"))
         return bench, {"pytagi": pytagi.__version__.strip(), "numpy": np.__version__}
     if bench is None:
         raise RuntimeError(f"{cmd!r} before 'init'")

@@ -1,11 +1,18 @@
 """TAGI throughput, dptrain.tagi vs pytagi 0.2.1, measured side by side in one run.
 
-    .venv/bin/python bench/tagi_vs_pytagi.py            # full run, writes bench/results/*.json
-    .venv/bin/python bench/tagi_vs_pytagi.py --quick    # smoke run, writes nothing
+    .venv/bin/python bench/tagi_vs_pytagi.py                  # FNN, writes bench/results/*.json
+    .venv/bin/python bench/tagi_vs_pytagi.py --network cnn    # pytagi's MNIST CNN
+    .venv/bin/python bench/tagi_vs_pytagi.py --quick          # smoke run, writes nothing
 
-Network FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear) with the HRC head (10 classes,
-11 outputs, 4 observations per sample, index-based output update, sigma_v 0.05), on a fixed
-synthetic MNIST-shaped data set (no download). Two measurements per batch size:
+Networks (--network), both with the HRC head (10 classes, 11 outputs, 4 observations per
+sample, index-based output update, sigma_v 0.05), on a fixed synthetic MNIST-shaped data set
+(no download):
+  fnn  784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)
+  cnn  pytagi's MNIST classification CNN on 28x28: Conv2d(1,16,4,padding=1)-ReLU-
+       AvgPool2d(3,2)-Conv2d(16,32,5)-ReLU-AvgPool2d(3,2)-Linear(512,100)-ReLU-Linear(100,11);
+       also times a torch SGD step (cross-entropy, autograd) on the same network and batch,
+       for the ratio of our TAGI step to it
+Two measurements per batch size:
   train  forward + update_using_indices + backward + step, per batch
   eval   eval-mode forward
 Both libraries run on --threads threads (torch.set_num_threads / net.set_threads). Ours runs in
@@ -42,8 +49,16 @@ BENCH_DIR = Path(__file__).resolve().parent
 PYTAGI_VENV = BENCH_DIR / ".venv-pytagi"
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_vs_pytagi.json"
 NUM_CLASSES = 10
-#: Issue 3's targets for ours/pytagi, per batch size.
-TARGETS = {32: 4.0, 256: 8.0}
+#: Targets for ours/pytagi per network, phase and batch size (issue 3: FNN; issue 10: CNN).
+TARGETS = {"fnn": {("train", 32): 4.0, ("eval", 32): 4.0, ("train", 256): 8.0,
+                   ("eval", 256): 8.0},
+           "cnn": {("train", 32): 10.0, ("eval", 32): 5.0, ("train", 256): 10.0,
+                   ("eval", 256): 5.0}}
+NETWORK_NAMES = {
+    "fnn": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
+    "cnn": "CNN Conv2d(1,16,4,padding=1)-ReLU-AvgPool2d(3,2)-Conv2d(16,32,5)-ReLU-"
+           "AvgPool2d(3,2)-Linear(512,100)-ReLU-Linear(100,11), 28x28 inputs",
+}
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
                    "KMP_BLOCKTIME", "OPENBLAS_CORETYPE")
@@ -92,23 +107,38 @@ def tempfile_npz(arrays: dict[str, np.ndarray]) -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------------------------- ours
+def tagi_network(network: str, num_outputs: int) -> tagi.Sequential:
+    if network == "cnn":
+        return tagi.Sequential(
+            tagi.Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), tagi.ReLU(),
+            tagi.AvgPool2d(3, 2), tagi.Conv2d(16, 32, 5), tagi.ReLU(), tagi.AvgPool2d(3, 2),
+            tagi.Linear(32 * 4 * 4, 100), tagi.ReLU(), tagi.Linear(100, num_outputs))
+    return tagi.Sequential(tagi.Linear(784, 128), tagi.ReLU(), tagi.Linear(128, 128),
+                           tagi.ReLU(), tagi.Linear(128, num_outputs))
+
+
+def as_network_input(x: np.ndarray, network: str) -> torch.Tensor:
+    """(N, 784) → (N, 784) for the FNN, (N, 1, 28, 28) images for the CNN."""
+    tensor = torch.from_numpy(x)
+    return tensor.view(-1, 1, 28, 28) if network == "cnn" else tensor
+
+
 class OursBench:
     """dptrain.tagi in this process; one network per batch size, like the pytagi worker."""
 
     def __init__(self, data: dict[str, np.ndarray], batch_sizes: list[int], threads: int,
-                 sigma_v: float, seed: int) -> None:
+                 sigma_v: float, seed: int, network: str = "fnn") -> None:
         torch.set_num_threads(threads)
         tagi.manual_seed(seed)
-        self.x_train = torch.from_numpy(data["x_train"])  # (N, 784)
-        self.x_test = torch.from_numpy(data["x_test"])  # (M, 784)
+        self.x_train = as_network_input(data["x_train"], network)  # (N, 784) or (N, 1, 28, 28)
+        self.x_test = as_network_input(data["x_test"], network)
         self.y_test = torch.from_numpy(data["y_test"])  # (M,)
         self.hrc = tagi.HRCSoftmax(num_classes=NUM_CLASSES)
         self.y_obs, self.y_idx = self.hrc.encode(torch.from_numpy(data["y_train"]))  # (N, 4)
         self.var_obs = sigma_v**2  # our API takes a number; pytagi needs a per-observation array
         self.nets = {}
         for batch_size in batch_sizes:
-            net = tagi.Sequential(tagi.Linear(784, 128), tagi.ReLU(), tagi.Linear(128, 128),
-                                  tagi.ReLU(), tagi.Linear(128, self.hrc.num_outputs))
+            net = tagi_network(network, self.hrc.num_outputs)
             self.nets[batch_size] = (net, tagi.OutputUpdater(net.device))
         self.cursor = dict.fromkeys(batch_sizes, 0)
 
@@ -148,6 +178,59 @@ class OursBench:
             wrong += int((self.hrc.predict(mu, var) != self.y_test[i : i + batch_size]).sum())
         net.train()
         return wrong / len(self.x_test)
+
+
+class TorchSGDBench:
+    """The same CNN as a torch.nn model trained by plain SGD with autograd: not a TAGI
+    competitor, the yardstick for what one step of torch's kernels costs on this network
+    (cross-entropy on the 11 outputs; train = zero_grad + forward + backward + step)."""
+
+    def __init__(self, data: dict[str, np.ndarray], batch_sizes: list[int], threads: int,
+                 seed: int) -> None:
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        nn = torch.nn
+        self.x_train = as_network_input(data["x_train"], "cnn")
+        self.y_train = torch.from_numpy(data["y_train"])
+        self.x_test = as_network_input(data["x_test"], "cnn")
+        self.y_test = torch.from_numpy(data["y_test"])
+        self.nets = {}
+        for batch_size in batch_sizes:
+            net = nn.Sequential(nn.Conv2d(1, 16, 4, padding=1), nn.ReLU(), nn.AvgPool2d(3, 2),
+                                nn.Conv2d(16, 32, 5), nn.ReLU(), nn.AvgPool2d(3, 2),
+                                nn.Flatten(), nn.Linear(512, 100), nn.ReLU(),
+                                nn.Linear(100, NUM_CLASSES + 1))
+            self.nets[batch_size] = (net, torch.optim.SGD(net.parameters(), lr=0.05))
+        self.cursor = dict.fromkeys(batch_sizes, 0)
+
+    def train(self, batch_size: int, num_steps: int) -> float:
+        net, opt = self.nets[batch_size]
+        n = len(self.x_train)
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            i = self.cursor[batch_size]
+            self.cursor[batch_size] = (i + batch_size) % n
+            s = slice(i, i + batch_size)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(self.x_train[s]), self.y_train[s]).backward()
+            opt.step()
+        return time.perf_counter() - start
+
+    def eval(self, batch_size: int, num_steps: int) -> float:
+        net, _ = self.nets[batch_size]
+        m = len(self.x_test)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for step in range(num_steps):
+                i = (step * batch_size) % m
+                net(self.x_test[i : i + batch_size])
+        return time.perf_counter() - start
+
+    def test_error(self, batch_size: int) -> float:
+        net, _ = self.nets[batch_size]
+        with torch.no_grad():
+            pred = net(self.x_test).argmax(1)
+        return float((pred != self.y_test).double().mean())
 
 
 # ---------------------------------------------------------------------------------- pytagi
@@ -229,19 +312,31 @@ def measure(runners: dict[str, Runner], args: argparse.Namespace) -> dict:
                     rates[(phase, b)][lib].append(num_steps * b / seconds)
         done = "  ".join(f"{phase} b{b} {r['ours'][-1] / r['pytagi'][-1]:.1f}x"
                          for (phase, b), r in rates.items())
+        if "torch" in libs:
+            done += "  (train step time ours/torch SGD: " + "  ".join(
+                f"b{b} {rates[('train', b)]['torch'][-1] / rates[('train', b)]['ours'][-1]:.2f}"
+                for b in args.batch_sizes) + ")"
         print(f"repeat {rep + 1}/{args.repeats} (ours/pytagi): {done}", flush=True)
     return rates
 
 
-def summarize(rates: dict, errors: dict) -> list[dict]:
+def summarize(rates: dict, errors: dict, network: str = "fnn") -> list[dict]:
     """One row per (phase, batch size): medians and their ratio (the headline figure), the
-    median of the per-repeat ratios, and the best repeats."""
+    median of the per-repeat ratios, and the best repeats; with a torch runner also its
+    samples/s and `torch_time_ratio` = our step time / torch's (median of per-repeat ratios)."""
     rows = []
     for (phase, b), by_lib in rates.items():
         ours, ref = by_lib["ours"], by_lib["pytagi"]
         ratio = statistics.median(ours) / statistics.median(ref)
-        target = TARGETS.get(b)
-        rows.append({
+        target = TARGETS[network].get((phase, b))
+        torch_columns = {}
+        if "torch" in by_lib:
+            torch_rates = by_lib["torch"]
+            torch_columns = {
+                "torch_sgd_samples_per_s": statistics.median(torch_rates),
+                "torch_time_ratio": statistics.median(t / o for o, t in zip(ours, torch_rates)),
+                "torch_runs": torch_rates, "torch_test_error": errors[b].get("torch")}
+        rows.append(torch_columns | {
             "phase": phase, "batch_size": b,
             "ours_samples_per_s": statistics.median(ours),
             "pytagi_samples_per_s": statistics.median(ref),
@@ -259,14 +354,19 @@ def summarize(rates: dict, errors: dict) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
+    with_torch = "torch_sgd_samples_per_s" in rows[0]
+    extra = f"{'torch SGD/s':>13}{'ours/torch time':>17}" if with_torch else ""
     lines = [f"{'phase':<6}{'batch':>6}{'dptrain.tagi/s':>16}{'pytagi/s':>11}{'ratio':>8}"
-             f"{'target':>12}{'best ratio':>12}"]
+             f"{'target':>12}{'best ratio':>12}" + extra]
     for r in rows:
         target = "" if r["target_ratio"] is None else (
             f">={r['target_ratio']:g}x " + ("ok" if r["meets_target"] else "MISS"))
-        lines.append(f"{r['phase']:<6}{r['batch_size']:>6}{r['ours_samples_per_s']:>16,.0f}"
-                     f"{r['pytagi_samples_per_s']:>11,.0f}{r['ratio']:>7.2f}x{target:>12}"
-                     f"{r['ratio_of_best']:>11.2f}x")
+        line = (f"{r['phase']:<6}{r['batch_size']:>6}{r['ours_samples_per_s']:>16,.0f}"
+                f"{r['pytagi_samples_per_s']:>11,.0f}{r['ratio']:>7.2f}x{target:>12}"
+                f"{r['ratio_of_best']:>11.2f}x")
+        if with_torch:
+            line += f"{r['torch_sgd_samples_per_s']:>13,.0f}{r['torch_time_ratio']:>16.2f}x"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -318,10 +418,14 @@ def write_json(path: Path, payload: dict) -> None:
 # ---------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--network", choices=sorted(NETWORK_NAMES), default="fnn")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
-    p.add_argument("--repeats", type=int, default=7, help="interleaved repeats (median taken)")
-    p.add_argument("--train-samples", type=int, default=4096, help="samples per train figure")
-    p.add_argument("--eval-samples", type=int, default=8192, help="samples per eval figure")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="interleaved repeats (median taken; default 7 fnn, 5 cnn)")
+    p.add_argument("--train-samples", type=int, default=None,
+                   help="samples per train figure (default 4096 fnn, 1024 cnn)")
+    p.add_argument("--eval-samples", type=int, default=None,
+                   help="samples per eval figure (default 8192 fnn, 2048 cnn)")
     p.add_argument("--warmup-steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="threads for each library")
     p.add_argument("--sigma-v", type=float, default=0.05, help="observation noise std")
@@ -331,10 +435,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None,
                    help=f"JSON results (default {DEFAULT_OUTPUT.relative_to(BENCH_DIR.parent)})")
     args = p.parse_args(argv)
+    # pytagi trains the CNN at ~100-140 samples/s here: fewer samples keep a run to minutes.
+    defaults = (7, 4096, 8192) if args.network == "fnn" else (5, 1024, 2048)
     if args.quick:
-        args.repeats, args.train_samples, args.eval_samples = 3, 1024, 2048
-    elif args.output is None:
-        args.output = DEFAULT_OUTPUT
+        defaults = (3, 1024, 2048) if args.network == "fnn" else (2, 256, 512)
+    for name, value in zip(("repeats", "train_samples", "eval_samples"), defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if not args.quick and args.output is None:
+        args.output = (DEFAULT_OUTPUT if args.network == "fnn" else
+                       DEFAULT_OUTPUT.with_name(f"tagi_vs_pytagi_{args.network}.json"))
     if min(args.batch_sizes) < 2 or args.repeats < 1 or args.threads < 1:
         p.error("batch sizes must be >= 2, repeats and threads >= 1")
     return args
@@ -347,9 +457,13 @@ def run(args: argparse.Namespace, data: dict[str, np.ndarray]) -> tuple[dict, di
     try:
         with tempfile_npz(data) as path:
             versions = worker.request(cmd="init", data=str(path), batch_sizes=args.batch_sizes,
-                                      threads=args.threads, sigma_v=args.sigma_v)
-        ours = OursBench(data, args.batch_sizes, args.threads, args.sigma_v, args.seed)
+                                      threads=args.threads, sigma_v=args.sigma_v,
+                                      network=args.network)
+        ours = OursBench(data, args.batch_sizes, args.threads, args.sigma_v, args.seed,
+                         args.network)
         runners: dict[str, Runner] = {"ours": ours, "pytagi": worker}
+        if args.network == "cnn":
+            runners["torch"] = TorchSGDBench(data, args.batch_sizes, args.threads, args.seed)
         print(f"dptrain.tagi (torch {torch.__version__}) vs pytagi {versions['pytagi']}, "
               f"{args.threads} threads each, {args.repeats} interleaved repeats", flush=True)
         rates = measure(runners, args)
@@ -378,7 +492,7 @@ def report(args: argparse.Namespace, rows: list[dict], versions: dict,
         "environment": {k: os.environ.get(k) for k in THREAD_ENV_VARS},
         "settings": {k: (_display_path(v) if isinstance(v, Path) else v)
                      for k, v in vars(args).items()}
-                    | {"network": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
+                    | {"network": NETWORK_NAMES[args.network],
                        "head": "HRC, 10 classes, 11 outputs, 4 observations/sample",
                        "data": "synthetic MNIST-shaped, 8192 train / 2048 test, fixed seed"},
         "results": rows,
@@ -393,12 +507,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"warning: 1-minute load average {load_before[0]:.2f} before starting: other "
               "processes share the cores, so expect low and noisy figures", flush=True)
     rates, errors, versions = run(args, data)
-    rows = summarize(rates, errors)
+    rows = summarize(rates, errors, args.network)
     print("\nsamples/s, median over repeats; ratio = ours/pytagi of the medians; best ratio = "
           "of each library's fastest repeat")
     print(format_table(rows))
     print("test error after the timed steps (check that both really train): " + ", ".join(
-        f"b{b} ours {e['ours']:.1%} pytagi {e['pytagi']:.1%}" for b, e in errors.items()))
+        f"b{b} " + " ".join(f"{lib} {err:.1%}" for lib, err in e.items())
+        for b, e in errors.items()))
     if args.output is not None:
         write_json(args.output, report(args, rows, versions, load_before))
         print(f"wrote {args.output}")

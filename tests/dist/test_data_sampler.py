@@ -1,6 +1,6 @@
 """ShardedSampler on 2 real ranks (one spawned gloo world for all checks, ~4 s).
 
-Pins DESIGN.md contract 5 (distributed evaluation counts every sample exactly once), the
+Pins docs/design.md contract 5 (distributed evaluation counts every sample exactly once), the
 equal-steps rule of training (a collective per step never waits for a rank that ran out), and
 the data half of contract 3 (resume mid-epoch from rank 0's saved state on every rank).
 """

@@ -1,4 +1,4 @@
-"""Collectives and process-group start-up on 2 real gloo ranks (DESIGN contracts 4 and 5)."""
+"""Collectives and process-group start-up on 2 real gloo ranks (docs/design.md, 4 and 5)."""
 
 from __future__ import annotations
 

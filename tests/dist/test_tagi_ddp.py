@@ -1,4 +1,4 @@
-"""DDPSequential on 2 real gloo ranks (DESIGN contracts 1 and 2; TAGI_MATH.md §15.7-15.9)."""
+"""DDPSequential on 2 real gloo ranks (docs/design.md contracts 1, 2; docs/tagi.md)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def _average_mode_formula(rank: int, world_size: int) -> dict:
 
 
 def test_average_mode_applies_the_mean_delta_with_the_local_cap():
-    """TAGI_MATH.md §15.8: average mode (pytagi's) applies (1/N) Σ_r Δ_r, capped with c(B_local)."""
+    """docs/tagi.md: average mode (pytagi's) applies (1/N) Σ_r Δ_r, capped with c(B_local)."""
     for r in run_world(_average_mode_formula, world_size=2, timeout_s=120):
         assert r["worst"] < 1e-12
 

@@ -1,4 +1,4 @@
-"""TorchLearner on 2 real gloo ranks: DESIGN contracts 1 (equivalence), 2 (identical replicas),
+"""TorchLearner on 2 real gloo ranks: docs/design.md, 1 (equivalence), 2 (identical replicas),
 3 (exact resume), for DDP and FSDP2, plus a sharded checkpoint loaded on a different world size.
 
 Each world runs many checks (a world costs ~4 s to start); ranks return what they measured and

@@ -1,4 +1,4 @@
-"""The Trainer's distributed evaluation on 2 real ranks (DESIGN contract 5)."""
+"""The Trainer's distributed evaluation on 2 real ranks (docs/design.md, contract 5)."""
 
 from __future__ import annotations
 

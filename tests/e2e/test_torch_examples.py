@@ -28,7 +28,7 @@ def test_toy_mlp_example_trains_with_identical_replicas():
 
 def test_cnn_digits_example_with_fsdp_bf16_and_global_batchnorm():
     """FSDP2 + bf16 + global-batch BatchNorm under the real launcher; every test image is
-    evaluated exactly once over both ranks (DESIGN contract 5)."""
+    evaluated exactly once over both ranks (docs/design.md, contract 5)."""
     result = _run_example("torch_cnn_digits.py", "--strategy", "fsdp", "--precision", "bf16")
     assert "2 rank(s), fsdp, 256 training images" in result.stdout
     assert "on 360 images" in result.stdout, result.output

@@ -1,5 +1,5 @@
 """`dptrain train` end to end: the main job, exact resume after SIGKILL, broken checkpoints,
-early stopping, regression outputs (DESIGN contracts 3 and 6)."""
+early stopping, regression outputs (docs/design.md, contracts 3 and 6)."""
 
 from __future__ import annotations
 

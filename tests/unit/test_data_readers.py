@@ -1,6 +1,6 @@
 """Readers round-trip small real files written here, and every bad file fails naming itself.
 
-Pins DESIGN.md contract 6: unreadable, truncated or inconsistent data files raise DataError
+Pins docs/design.md contract 6: unreadable, truncated or inconsistent data files raise DataError
 that says which file and what is wrong, never a silently wrong dataset.
 """
 

@@ -1,6 +1,6 @@
 """ShardedSampler index math without processes: rank and world size are passed explicitly.
 
-Pins DESIGN.md contract 5 (eval visits every sample exactly once), the equal-steps rule of train
+Pins docs/design.md, 5 (eval visits every sample exactly once), the equal-steps rule of train
 mode (no rank waits at a collective), and contract 3's data half (a resumed epoch yields exactly
 the remaining indices in the same order).
 """

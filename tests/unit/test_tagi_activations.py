@@ -1,4 +1,4 @@
-"""Activations: Monte-Carlo moments and J = Cov(A, Z)/v_Z (TAGI_MATH.md §3, §15.1, §15.4).
+"""Activations: Monte-Carlo moments and J = Cov(A, Z)/v_Z (docs/tagi.md, Activations).
 
 Mixture* layers are exact for any Gaussian input, so they are checked on a grid of wide inputs.
 Linearised layers are exact only to first order: they are checked against Monte Carlo with a
@@ -50,7 +50,7 @@ def _check_against_monte_carlo(layer, fn, mu_z, var_z, seed):
 
 @pytest.mark.parametrize("name", sorted(MIXTURE_CASES))
 def test_mixture_moments_are_exact(name):
-    """Exact mean, variance and Cov(A,Z)/v_Z of the clipped / rectified Gaussian (§15.1)."""
+    """Exact mean, variance and Cov(A,Z)/v_Z of the clipped / rectified Gaussian (docs/tagi.md)."""
     layer_cls, fn = MIXTURE_CASES[name]
     mu_z, var_z = _grid([-2.0, -0.7, 0.0, 0.4, 1.3, 2.5], [0.05, 0.5, 2.0])
     out = _check_against_monte_carlo(layer_cls(), fn, mu_z, var_z, seed=11)
@@ -80,7 +80,7 @@ def test_linearised_moments_are_f_and_its_derivative(name):
 
 
 def _cutagi_relu(m, v):
-    """TAGI_MATH.md §3 MixtureReLU, literally (unfloored)."""
+    """docs/tagi.md, Activations: MixtureReLU, literally (unfloored)."""
     s = v.sqrt()
     a = m / s
     cdf, pdf = torch.special.ndtr(a), torch.exp(-a * a / 2) / (2 * torch.pi) ** 0.5
@@ -89,7 +89,7 @@ def _cutagi_relu(m, v):
 
 
 def _cutagi_hard_tanh(m, v):
-    """TAGI_MATH.md §3 MixtureTanh, literally (unfloored)."""
+    """docs/tagi.md, Activations: MixtureTanh, literally (unfloored)."""
     s = v.sqrt()
     a_l, a_u = (1 + m) / s, (1 - m) / s
     p_l, p_u = torch.special.ndtr(a_l), torch.special.ndtr(a_u)
@@ -137,7 +137,7 @@ def test_mixture_relu_variance_survives_float32_when_mean_dominates():
 
 
 def test_mixture_floors():
-    """Far-negative inputs: mean and variance floored at 1e-6 as in cuTAGI (§3)."""
+    """Far-negative inputs: mean and variance floored at 1e-6 as in cuTAGI (docs/tagi.md)."""
     out = MixtureReLU().forward(HiddenStates(torch.tensor([[-50.0]]), torch.tensor([[1.0]])))
     assert out.mu_a.item() == pytest.approx(1e-6)
     assert out.var_a.item() == pytest.approx(1e-6)
@@ -145,7 +145,7 @@ def test_mixture_floors():
 
 
 def test_consecutive_activations_compose_their_jacobians():
-    """Deliberate fix of cuTAGI §14 item 5: J of Tanh after Sigmoid is J_tanh · J_sigmoid."""
+    """Fix of cuTAGI (docs/tagi.md): J of Tanh after Sigmoid is J_tanh · J_sigmoid."""
     mu_z = torch.tensor([[0.3, -1.0]], dtype=F64)
     var_z = torch.tensor([[0.01, 0.02]], dtype=F64)
     first = Sigmoid().forward(HiddenStates(mu_z, var_z))

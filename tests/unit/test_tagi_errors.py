@@ -1,4 +1,4 @@
-"""Bad input fails loudly, naming the layer or argument and the value received (DESIGN.md #6)."""
+"""Bad input fails loudly, naming the layer or argument and the value (docs/design.md, 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hierarchical softmax coding (TAGI_MATH.md §5)."""
+"""Hierarchical softmax coding (docs/tagi.md, Hierarchical softmax)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Linear layer against oracles: Monte Carlo forward moments (TAGI_MATH.md §15.1), the dense
-formulas of §2.2-2.3, the exact Bayesian-linear-regression posterior (§15.2), and init (§7)."""
+"""Linear layer against oracles: Monte Carlo forward moments, the dense (docs/tagi.md, Linear)
+formulas, the exact Bayesian-linear-regression posterior, and init (Initialisation)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _layer(seed: int, in_features: int = 3, out_features: int = 2) -> Linear:
 
 
 def test_forward_moments_match_monte_carlo():
-    """m_Z, v_Z are the exact mean and variance of W A + B for independent Gaussians (§15.1)."""
+    """m_Z, v_Z are the exact mean and variance of W A + B for independent Gaussians."""
     layer = _layer(0)
     g = gen(1)
     mu_a = torch.tensor([[0.8, -1.2, 0.5], [0.0, 0.3, -0.7]], dtype=F64)  # (B=2, I=3)
@@ -53,7 +53,7 @@ def test_deterministic_input_skips_nothing():
 
 
 def test_backward_matches_dense_formulas():
-    """δ for the previous Z and Δm_W, Δv_W, Δm_B, Δv_B equal §2.2/§2.3 written per element."""
+    """δ for the previous Z and Δm_W, Δv_W, Δm_B, Δv_B equal docs/tagi.md per element."""
     layer = _layer(4, 3, 2)
     g = gen(5)
     mu_a = torch.randn(5, 3, generator=g, dtype=F64)
@@ -83,7 +83,7 @@ def test_backward_matches_dense_formulas():
 @pytest.mark.parametrize("out_features", [1, 3])
 def test_single_observation_is_the_exact_bayesian_posterior(out_features):
     """One Linear layer, B = 1, deterministic input, cap inactive: the updated moments are the
-    diagonal of the exact Gaussian posterior of Bayesian linear regression (§15.2)."""
+    diagonal of the exact Gaussian posterior of Bayesian linear regression."""
     manual_seed(7)
     net = Sequential(Linear(4, out_features), dtype=F64)
     layer = net.layers[0]
@@ -108,7 +108,7 @@ def test_single_observation_is_the_exact_bayesian_posterior(out_features):
 
 @pytest.mark.parametrize("method,gain", [("He", 1.0), ("Xavier", 0.5)])
 def test_init_follows_pytagi(method, gain):
-    """m ~ N(0, s²) and v = (gain·s)² with s = sqrt(1/fan_in) (He) or sqrt(2/(in+out)) (§7)."""
+    """m ~ N(0, s²) and v = (gain·s)² with s = sqrt(1/fan_in) (He) or sqrt(2/(in+out))."""
     manual_seed(0)
     layer = Linear(400, 300, gain_weight=gain, gain_bias=2 * gain, init_method=method)
     s = math.sqrt(1 / 400) if method == "He" else math.sqrt(2 / 700)

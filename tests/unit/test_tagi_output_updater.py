@@ -1,4 +1,4 @@
-"""OutputUpdater (TAGI_MATH.md §4): innovation formulas, index updates, masking (§15.10)."""
+"""OutputUpdater (docs/tagi.md, Output update): formulas, index updates, masking."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Remax (TAGI_MATH.md §3): the closed form step by step, its properties, and Monte Carlo.
+"""Remax (docs/tagi.md, Remax): the closed form step by step, its properties, and Monte Carlo.
 
 Remax is an approximation (log-normal moment matching), so Monte Carlo bounds are loose; the
-exact formula is pinned by an independent scalar transcription of §3 instead.
+exact formula is pinned by an independent scalar transcription of docs/tagi.md instead.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _cdf(x: float) -> float:
 
 
 def _remax_reference(mu: list[float], var: list[float]) -> list[tuple[float, float, float]]:
-    """§3 Remax for one sample, one scalar at a time (cuTAGI's MixtureReLU form, unfloored)."""
+    """docs/tagi.md's Remax for one sample, one scalar at a time (cuTAGI's MixtureReLU, unfloored)."""
     m_m, v_m, p = [], [], []
     for m, v in zip(mu, var):
         s = math.sqrt(v)

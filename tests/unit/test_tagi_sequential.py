@@ -1,4 +1,4 @@
-"""Sequential: the properties of TAGI_MATH.md §15 on whole networks, and the DDP-facing API."""
+"""Sequential: the properties of docs/tagi.md on whole networks, and the DDP-facing API."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_state_dict_names_and_parameter_order():
 
 
 def test_signs_and_positivity():
-    """δv ≤ 0 so Δv_W, Δv_B ≤ 0 (§15.3); forward variances ≥ 0; variances > 0 after step."""
+    """δv ≤ 0 so Δv_W, Δv_B ≤ 0 (docs/tagi.md); forward variances ≥ 0; variances > 0 after step."""
     net = _mlp(F64)
     x, labels = _batch(32)
     for _ in range(5):
@@ -51,7 +51,7 @@ def test_signs_and_positivity():
 
 
 def test_cap_factor_regimes():
-    """c(B) = 0.1 for B = 1, 2 for 1 < B < 256, 3 for B >= 256 (§6)."""
+    """c(B) = 0.1 for B = 1, 2 for 1 < B < 256, 3 for B >= 256 (docs/tagi.md, Capped step)."""
     assert [cap_factor(b) for b in (1, 2, 255, 256, 4096)] == [0.1, 2.0, 2.0, 3.0, 3.0]
     with pytest.raises(ValueError, match="cap batch size must be >= 1, got 0"):
         cap_factor(0)
@@ -59,7 +59,7 @@ def test_cap_factor_regimes():
 
 @pytest.mark.parametrize("batch,cap_batch", [(1, None), (5, None), (256, None), (8, 256)])
 def test_cap_bound(batch, cap_batch):
-    """|Δapplied| ≤ sqrt(v_old)/c(B) for means and variances unless the floor fired (§15.5);
+    """|Δapplied| ≤ sqrt(v_old)/c(B) for means and variances unless the floor fired;
     `cap_batch_size` replaces the forward's batch size in c(B)."""
     net = _mlp(F64)
     net.cap_batch_size = cap_batch
@@ -85,7 +85,7 @@ def test_cap_bound(batch, cap_batch):
 
 
 def test_batch_additivity():
-    """Deltas of a batch equal the sum of the deltas of any split of it (§15.6)."""
+    """Deltas of a batch equal the sum of the deltas of any split of it (docs/tagi.md, Linear)."""
     net = Sequential(Linear(6, 16), MixtureReLU(), Linear(16, 8), Sigmoid(), Linear(8, 11),
                      Remax(), dtype=F64)
     x, labels = _batch(9, dtype=F64)
@@ -101,7 +101,7 @@ def test_batch_additivity():
 
 
 def test_float32_agrees_with_float64():
-    """Same seed, same data: float32 forward and trained parameters track float64 (§15.12)."""
+    """Same seed, same data: float32 forward and trained parameters track float64."""
     nets = {dt: _mlp(dt) for dt in (torch.float32, F64)}
     x, labels = _batch(32)
     for dt, net in nets.items():
@@ -160,7 +160,7 @@ def test_named_tensors_are_live_storage():
 
 
 def test_last_batch_size_and_eval_mode():
-    """Eval forwards neither record the batch size nor change parameters (§15.11, §14.12)."""
+    """Eval forwards neither record the batch size nor change parameters (docs/tagi.md)."""
     net = _mlp()
     x, labels = _batch(32)
     hrc_step(net, x, labels, do_step=False)

@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic publish, checksum, skipping broken ones (DESIGN contract 6)."""
+"""Checkpoint files: atomic publish, checksum, skipping broken ones (docs/design.md, contract 6)."""
 
 from __future__ import annotations
 

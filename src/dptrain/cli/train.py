@@ -21,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE.toml",
                    help=f"options as TOML keys ({', '.join(accepted_keys())}); flags win")
     p.add_argument("--model", choices=MODELS)
-    p.add_argument("--dataset", help="digits, digits-image, diabetes, toy1d, mnist:DIR, "
+    p.add_argument("--dataset", help="digits, digits-image, diabetes, toy1d, toy1d-hetero, "
+                   "mnist:DIR, "
                    "fashion-mnist:DIR, cifar10:DIR, csv:PATH, npz:PATH")
     for flag, kind, text in (
             ("nproc", int, "processes on this machine"), ("epochs", int, "epochs"),
@@ -42,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", choices=("ddp", "fsdp"), help="torch models (default ddp)")
     p.add_argument("--average", action="store_true", default=None,
                    help="TAGI: average the deltas over ranks (pytagi) instead of summing")
+    p.add_argument("--heteroscedastic", action="store_true", default=None,
+                   help="TAGI regression: learn the observation noise per input (EvenExp head) "
+                        "instead of a fixed σ_v")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<time>)")
     p.add_argument("--resume", choices=("auto", "never"), help="default auto")
     p.add_argument("--monitor", help="metric for early stopping (default test_error/test_rmse)")

@@ -42,6 +42,8 @@ class TrainOptions:
     """TAGI observation noise σ_v (normalised units)."""
     average: bool = False
     """TAGI data-parallel mode: False sums the deltas (large-batch update), True averages."""
+    heteroscedastic: bool = False
+    """TAGI regression: learn the observation noise per input (EvenExp head); σ_v unused."""
     lr: float = 3e-3
     """Learning rate of the torch recipes' optimizer (Adam)."""
     strategy: str = "ddp"
@@ -80,6 +82,9 @@ class TrainOptions:
         if self.model in TAGI_MODELS and self.precision not in ("32", "64"):
             raise ConfigError(f"precision {self.precision} is for torch models; TAGI takes 32 "
                               f"or 64")
+        if self.heteroscedastic and self.model not in TAGI_MODELS:
+            raise ConfigError(f"heteroscedastic is for TAGI models; {self.model} is a torch "
+                              f"model")
         if self.model in TORCH_MODELS and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
         if self.strategy not in ("ddp", "fsdp"):

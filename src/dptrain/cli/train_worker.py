@@ -42,10 +42,15 @@ def build_learner(options: TrainOptions, split: Split):
         out_dim = HRCSoftmax(split.num_classes).num_outputs if classification \
             else split.output_dim
         dtype = torch.float64 if options.precision == "64" else torch.float32
-        model = tagi_mlp(split.input_shape[0], out_dim, hidden=options.hidden, dtype=dtype)
+        if options.heteroscedastic and classification:
+            raise ConfigError(f"--heteroscedastic is for regression; dataset {options.dataset} "
+                              f"is a classification task")
+        model = tagi_mlp(split.input_shape[0], out_dim, hidden=options.hidden,
+                         heteroscedastic=options.heteroscedastic, dtype=dtype)
         y_scale = split.y_norm.std if split.y_norm is not None else None
         return TagiLearner(model, task=split.task, num_classes=split.num_classes,
-                           sigma_v=options.sigma_v, average=options.average, y_scale=y_scale)
+                           sigma_v=options.sigma_v, average=options.average, y_scale=y_scale,
+                           heteroscedastic=options.heteroscedastic)
     from dptrain.learners.recipes import make_learner
 
     if split.task != "classification" or split.num_classes != 10 or \
@@ -87,16 +92,33 @@ def _fit(options: TrainOptions, runtime: Runtime) -> dict:
                     f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}), "
                     f"global batch {options.batch_size}, run directory {options.out}")
     summary = Trainer(learner, split, config, runtime).fit()
-    metric = "test_error" if split.task == "classification" else "test_rmse"
-    value = summary.get(metric)
-    shown = f"{100 * value:.2f} %" if metric == "test_error" and value is not None else value
-    rank_zero_print(f"done: {metric} {shown} after {summary['final_epoch']} epoch(s), "
-                    f"{summary['samples_per_s']:.0f} samples/s, "
+    rank_zero_print(f"done: {_headline(summary, split)} after {summary['final_epoch']} "
+                    f"epoch(s), {summary['samples_per_s']:.0f} samples/s, "
                     f"{summary['wall_time_s']:.1f} s\n"
                     f"run directory: {options.out} (summary.json, epochs.csv, "
                     f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
                     f"{Path(options.out) / 'tb'})")
     return summary
+
+
+def _headline(summary: dict, split: Split) -> str:
+    """The test metric users look at first, with how calibrated the predictions are."""
+    def pct(key: str, digits: int = 1) -> str:
+        value = summary.get(key)
+        return "n/a" if value is None else f"{100 * value:.{digits}f} %"
+
+    if split.task == "classification":
+        shown = f"test_error {pct('test_error', 2)}"
+        if summary.get("test_ece") is not None:
+            shown += f", ECE {summary['test_ece']:.3f}"
+        return shown
+    shown = f"test_rmse {summary.get('test_rmse', float('nan')):.4g}"
+    if summary.get("test_log_likelihood") is not None:
+        shown += f", log-likelihood {summary['test_log_likelihood']:.4g}"
+    if summary.get("test_coverage_2sigma") is not None:
+        shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
+                  f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
+    return shown
 
 
 @record

@@ -13,7 +13,7 @@ global RNG, so user code that draws random numbers cannot desynchronise ranks), 
   noticeable share of their data per epoch, and because it matches
   `torch.utils.data.DistributedSampler`.
 - mode="eval": every index is visited exactly once over all ranks, no padding; ranks may hold
-  counts that differ by one, so metrics must be reduced as (sum, count) (DESIGN.md contract 5).
+  counts that differ by one, so metrics are reduced as (sum, count) (docs/design.md, contract 5).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A batch is a tuple `(inputs, targets)` of tensors holding this rank's share of one optimizer
 step. Metrics come back as `{name: (sum, count)}` so that the Trainer's reduction over ranks
-gives exact means however unevenly ranks hold samples (DESIGN.md contract 5).
+gives exact means however unevenly ranks hold samples (docs/design.md, contract 5).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ import torch
 
 from dptrain.dist import DDPConfig, Runtime
 from dptrain.errors import ConfigError
+from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.protocol import Batch, Metrics
-from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential
+from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -26,22 +27,32 @@ class TagiLearner:
         average: data-parallel mode, see `DDPSequential` (default: sum = large-batch update).
         y_scale: regression only: std of the target normalisation, so that metrics and
             predictions are reported in the data's own units.
+        heteroscedastic: regression only: the model ends in `EvenExp` with (mean, noise) output
+            pairs and learns the observation noise per input (`update_heteros`); `sigma_v` is
+            then unused.
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
-    element), and `log_likelihood` of the targets under the predictive distribution. Train
-    metrics come from the forward pass *before* each update.
+    element), and `log_likelihood` of the targets under the predictive distribution; for
+    regression the share of targets inside the 1σ, 2σ and 3σ predictive intervals
+    (`coverage_1sigma`, ...), for classification (evaluation only) the calibration bins of
+    `dptrain.learners.calibration`. Train metrics come from the forward pass *before* each
+    update.
     """
 
     def __init__(self, model: Sequential, *, task: Literal["classification", "regression"],
                  num_classes: int | None = None, sigma_v: float = 0.05, average: bool = False,
-                 y_scale: torch.Tensor | None = None) -> None:
+                 y_scale: torch.Tensor | None = None, heteroscedastic: bool = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
+        if heteroscedastic and task != "regression":
+            raise ConfigError("heteroscedastic is for regression: it learns the noise of the "
+                              "targets")
         if task == "classification" and num_classes is None:
             raise ConfigError("classification needs num_classes")
         if sigma_v <= 0:
             raise ConfigError(f"sigma_v must be > 0, got {sigma_v}")
         self.model, self.task, self.sigma_v, self.average = model, task, sigma_v, average
+        self.heteroscedastic = heteroscedastic
         self.hrc = HRCSoftmax(num_classes) if task == "classification" else None
         self.y_scale = None if y_scale is None else torch.as_tensor(y_scale).reshape(-1)
         self.updater = OutputUpdater(model.device)
@@ -72,6 +83,9 @@ class TagiLearner:
             obs, idx = self.hrc.encode(y, dtype=mu.dtype)
             self.updater.update_using_indices(net.output_z_buffer, obs, noise, idx,
                                               net.input_delta_z_buffer)
+        elif self.heteroscedastic:
+            self.updater.update_heteros(net.output_z_buffer, y.to(mu.dtype),
+                                        net.input_delta_z_buffer)
         else:
             self.updater.update(net.output_z_buffer, y.to(mu.dtype), noise,
                                 net.input_delta_z_buffer)
@@ -85,7 +99,10 @@ class TagiLearner:
         net.eval()
         mu, var = net(x)
         net.train()
-        return self._metrics(mu, var, y)
+        metrics = self._metrics(mu, var, y)
+        if self.hrc is not None:
+            metrics.update(calibration_sums(self.hrc.probabilities(mu, var), y))
+        return metrics
 
     def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> Metrics:
         n = float(y.shape[0])
@@ -95,23 +112,46 @@ class TagiLearner:
             true_p = probs.gather(1, y.long().reshape(-1, 1)).clamp_min(1e-12)
             return {"error": (float(wrong), n), "log_likelihood": (true_p.log().sum().item(), n)}
         y = y.to(mu.dtype)
-        pred_var = var + self.sigma_v ** 2
-        err2 = (y - mu) ** 2
-        log_lik = -0.5 * (_LOG_2PI + pred_var.log() + err2 / pred_var)
+        mean, epistemic_var, total_var = self._bands(mu, var, y.shape)
+        err2 = (y - mean) ** 2
+        log_lik = -0.5 * (_LOG_2PI + total_var.log() + err2 / total_var)
+        # coverage is unit-free: |y − m| ≤ kσ holds in normalised and in data units alike
+        z = (err2 / total_var).sqrt()
+        coverage = {f"coverage_{k}sigma": ((z <= k).sum().item(), float(z.numel()))
+                    for k in (1, 2, 3)}
         if self.y_scale is not None:  # back to the data's units
             err2 = err2 * self.y_scale ** 2
             log_lik = log_lik - self.y_scale.log()
         return {"mse": (err2.sum().item(), float(err2.numel())),
-                "log_likelihood": (log_lik.sum().item(), float(err2.numel()))}
+                "log_likelihood": (log_lik.sum().item(), float(err2.numel())), **coverage}
+
+    def _bands(self, mu: torch.Tensor, var: torch.Tensor, target_shape: torch.Size | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, epistemic variance, total predictive variance) in normalised units."""
+        if not self.heteroscedastic:
+            return mu, var, var + self.sigma_v ** 2
+        if target_shape is not None and mu.shape[1] != 2 * target_shape[1]:
+            raise ConfigError(f"heteroscedastic: the model's output has width {mu.shape[1]}, "
+                              f"expected 2 x {target_shape[1]} targets as (mean, noise) pairs "
+                              f"(end the model with EvenExp)")
+        pred = split_heteros(mu, var)
+        return pred.mean, pred.epistemic_var, pred.total_var
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Regression: predictive mean and standard deviation (incl. observation noise), in the
         normalised units the model was trained in."""
+        mean, _, total_std = self.predict_bands(x)
+        return mean, total_std
+
+    def predict_bands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Regression: predictive mean, epistemic standard deviation (the model's uncertainty)
+        and total standard deviation (with the observation noise), in normalised units."""
         net = self._ddp()
         net.eval()
         mu, var = net(x)
         net.train()
-        return mu, (var + self.sigma_v ** 2).sqrt()
+        mean, epistemic_var, total_var = self._bands(mu, var)
+        return mean, epistemic_var.sqrt(), total_var.sqrt()
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -124,13 +164,16 @@ class TagiLearner:
 
 
 def tagi_mlp(input_dim: int, output_dim: int, *, hidden: int = 128, num_hidden: int = 2,
-             dtype: torch.dtype = torch.float32) -> Sequential:
-    """The built-in TAGI network: `num_hidden` ReLU layers of width `hidden`."""
-    from dptrain.tagi import Linear, ReLU
+             heteroscedastic: bool = False, dtype: torch.dtype = torch.float32) -> Sequential:
+    """The built-in TAGI network: `num_hidden` ReLU layers of width `hidden`; with
+    `heteroscedastic`, 2 x `output_dim` outputs in (mean, noise) pairs through EvenExp."""
+    from dptrain.tagi import EvenExp, Linear, ReLU
 
     layers: list[Any] = []
     width = input_dim
     for _ in range(num_hidden):
         layers += [Linear(width, hidden), ReLU()]
         width = hidden
+    if heteroscedastic:
+        return Sequential(*layers, Linear(width, 2 * output_dim), EvenExp(), dtype=dtype)
     return Sequential(*layers, Linear(width, output_dim), dtype=dtype)

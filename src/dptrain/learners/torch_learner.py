@@ -47,6 +47,7 @@ from dptrain.dist import (
 )
 from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
+from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.learners.torch_config import (
     FP16_DEVICE_TYPES,
@@ -285,14 +286,23 @@ class TorchLearner:
         x, y = self._to_device(_check_batch(batch, allow_empty=True))
         n = x.shape[0]
         if n == 0 and not self.eval_is_collective:
-            return self._metrics(0.0, 0.0, 0, y)
+            return self._eval_metrics(0.0, 0.0, 0, y, None)
         self._module.eval()
         with torch.no_grad(), self._autocast():
             out = self._module(x)  # never through DDP: its forward may communicate
             if n == 0:
-                return self._metrics(0.0, 0.0, 0, y)
+                return self._eval_metrics(0.0, 0.0, 0, y, None)
             loss_sum, metric_sum = self._batch_stats(out, self._loss(out, y), y).tolist()
-        return self._metrics(loss_sum, metric_sum, n, y)
+        return self._eval_metrics(loss_sum, metric_sum, n, y, out)
+
+    def _eval_metrics(self, loss_sum: float, metric_sum: float, n: int, y: torch.Tensor,
+                      out: torch.Tensor | None) -> Metrics:
+        """`_metrics`, plus the calibration bins of softmax(logits) for class labels."""
+        metrics = self._metrics(loss_sum, metric_sum, n, y)
+        if self.task == "classification" and not y.is_floating_point() and y.dim() == 1:
+            probs = torch.zeros(0, 1) if out is None else out.detach().float().softmax(1)
+            metrics.update(calibration_sums(probs, y))
+        return metrics
 
     def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor]:

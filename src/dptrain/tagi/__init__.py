@@ -2,7 +2,7 @@
 
 Every weight is a Gaussian; a step propagates means and variances forward, updates the output
 with the observation, sends innovations back, and applies capped parameter increments. There is
-no loss and no autograd. Equations: TAGI_MATH.md. Runs on CPU or CUDA tensors, float32 by
+no loss and no autograd. Equations: docs/tagi.md. Runs on CPU or CUDA tensors, float32 by
 default (`Sequential(..., dtype=torch.float64)` or `net.to(torch.float64)` for float64).
 
 Usage (classification with the hierarchical softmax)::
@@ -25,36 +25,54 @@ Usage (classification with the hierarchical softmax)::
     pred = hrc.predict(*net(x))                       # (32,) class labels
 
 Regression uses `updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)`;
-NaN targets are missing observations (zero innovation). `net.state_dict()` holds
+NaN targets are missing observations (zero innovation). A heteroscedastic head
+(`EvenExp()` last, outputs in (mean, noise variance) pairs) learns the noise per input with
+`updater.update_heteros(net.output_z_buffer, y, net.input_delta_z_buffer)`; `split_heteros`
+splits its prediction into mean, epistemic and aleatoric variance. `net.state_dict()` holds
 `"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`; `net.save(path)` / `net.load(path)` store
 plain tensors only. A data-parallel wrapper uses `named_delta_tensors()` (or `flat_deltas`)
 and `cap_batch_size` (see `Sequential`).
+
+Image networks take NCHW states, e.g. pytagi's MNIST CNN::
+
+    net = Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
+                     AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
+                     Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
+    mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
 """
 
 from __future__ import annotations
 
 from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
-from dptrain.tagi.activations import LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
+from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
+from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
+from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
+    "AvgPool2d",
+    "Conv2d",
     "DDPConfig",
     "DDPSequential",
     "DeltaStates",
+    "EvenExp",
     "HRCSoftmax",
+    "HeteroscedasticPrediction",
     "HiddenStates",
     "Layer",
     "LeakyReLU",
     "Linear",
+    "MaxPool2d",
     "MixtureReLU",
     "MixtureSigmoid",
     "MixtureTanh",
@@ -68,4 +86,5 @@ __all__ = [
     "Tanh",
     "cap_factor",
     "manual_seed",
+    "split_heteros",
 ]

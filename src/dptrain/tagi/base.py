@@ -1,6 +1,6 @@
 """What every TAGI layer shares: the layer protocol, parameter init, and the capped step.
 
-A layer maps `HiddenStates` forward and `DeltaStates` backward (TAGI_MATH.md §1). Parametric
+A layer maps `HiddenStates` forward and `DeltaStates` backward (docs/tagi.md). Parametric
 layers own Gaussian parameters named pytagi's way: `mu_<p>, var_<p>` and the proposed increments
 `delta_mu_<p>, delta_var_<p>` for each parameter group p ("w", "b"). A `Sequential` re-binds
 these attributes to views of one flat buffer so that `step()` is a handful of ops for the whole
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from dptrain.tagi import _rng
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
-#: Variance written where a capped update leaves a non-positive variance (TAGI_MATH.md §6).
+#: Variance written where a capped update leaves a variance ≤ 0 (docs/tagi.md, Capped step).
 VAR_FLOOR = 1e-5
 
 
@@ -50,7 +50,7 @@ def capped_update_(params: torch.Tensor, deltas: torch.Tensor, factor: float,
                    scratch: torch.Tensor | None = None) -> None:
     """In place: `m += clip(Δm, ±bar)`, `v += clip(Δv, ±bar)`, `bar = sqrt(v_old)/c`; v ≤ 0 → 1e-5.
 
-    `params` and `deltas` are (2, P): row 0 means, row 1 variances (TAGI_MATH.md §6).
+    `params` and `deltas` are (2, P): row 0 means, row 1 variances (docs/tagi.md, Capped step).
     clamp(Δ, −bar, bar) equals sign(Δ)·min(|Δ|, bar) because bar ≥ 0. `scratch`, if given, is
     a (4, P) buffer reused across calls: a fresh ~P-sized allocation per step costs page faults
     that show up at batch 32.
@@ -74,7 +74,7 @@ class Layer:
 
     `label` names the layer in error messages; `Sequential` sets it to include the position.
     Activations set `is_activation = True`: `Sequential.backward` skips them, because the next
-    parametric layer already multiplies its input innovations by their J (TAGI_MATH.md §1).
+    parametric layer already multiplies its input innovations by their J (docs/tagi.md).
     """
 
     is_activation = False
@@ -134,6 +134,12 @@ class Layer:
     def clear_cache(self) -> None:
         """Drop what the last training forward stored for backward (after a device change)."""
 
+    def input_sample_shape(self) -> tuple[int, ...] | None:
+        """The shape of one input sample when this layer knows it and it is not flat, e.g.
+        (C, H, W) of a Conv2d given in_width/in_height; a network starting with such a layer
+        reshapes pytagi's flat inputs to it. None: inputs are taken as they come."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -173,7 +179,7 @@ class ParamLayer(Layer):
 
     def _init_group(self, group: str, shape: tuple[int, ...], scale: float, gain: float,
                     dtype: torch.dtype, device: torch.device | str | None) -> None:
-        """m ~ N(0, scale²), v = (gain·scale)² (TAGI_MATH.md §7); deltas start at zero.
+        """m ~ N(0, scale²), v = (gain·scale)² (docs/tagi.md, Initialisation); deltas start at 0.
 
         Draws are made in float64 on the CPU, then cast, so a seed gives the same parameters
         whatever the dtype and device.

@@ -9,12 +9,12 @@
 
 Sum mode (`average=False`, the default here) applies `Σ_r Δ_r`, the deltas of the whole global
 batch, with the step cap of the global batch size: N ranks x batch B step exactly like one
-process on N·B (TAGI_MATH.md §15.7; DESIGN.md contract 1). It is the default because it is the
+process on N·B (docs/tagi.md, Data-parallel TAGI; docs/design.md, contract 1). Default: it is the
 Bayesian update the data asks for; averaging shrinks every update N-fold, as if each step saw
 only one rank's share of the data.
 
 Average mode (`average=True`, pytagi's default) applies `(1/N) Σ_r Δ_r` with the cap of the
-*local* batch size, exactly pytagi's `DDPSequential` semantics (TAGI_MATH.md §13, §15.8).
+*local* batch size, exactly pytagi's `DDPSequential` semantics (docs/tagi.md, Data-parallel TAGI).
 
 The only tagi module that imports `dptrain.dist`: layers never see the process group.
 """

@@ -1,4 +1,4 @@
-"""Hierarchical binary softmax (HRC) class coding for TAGI classification (TAGI_MATH.md §5).
+"""Hierarchical binary softmax (HRC) class coding for TAGI classification (docs/tagi.md).
 
 Shape legend: B batch, K num_classes, L = ceil(log2 K) observations per sample,
 N = num_outputs network outputs (11 for K = 10).

@@ -1,4 +1,4 @@
-"""Fully connected TAGI layer (TAGI_MATH.md §2).
+"""Fully connected TAGI layer (docs/tagi.md, Linear).
 
 Shape legend: B batch, I input_size, O output_size. Weights are (O, I) like torch's
 `Linear.weight` and pytagi's flat `mu_w` (index i*I + j), biases (O,).
@@ -15,6 +15,9 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 
 class Linear(ParamLayer):
     """Z = W A + B with independent Gaussian W, B, A; forward moments are exact.
+
+    An image state (B, C, H, W) with C·H·W = I (after a conv stack) is flattened C-major, like
+    `torch.nn.Flatten`, and the innovations go back in its shape.
 
     Parameters: `mu_w, var_w` (O, I), `mu_b, var_b` (O,), and their proposed increments
     `delta_mu_w, …`, written (overwritten, summed over the batch) by every `backward`.
@@ -52,12 +55,18 @@ class Linear(ParamLayer):
         self._mu_a_sq: torch.Tensor | None = None  # (B, I)
         self._mu_w_sq: torch.Tensor | None = None  # (O, I), also needed by the backward
         self._jcb: torch.Tensor | None = None  # (B, I) J of the input, None = 1
+        self._in_shape: tuple[int, ...] = ()  # (B, I) or the (B, C, H, W) it was flattened from
 
     def forward(self, states: HiddenStates) -> HiddenStates:
-        mu_a, var_a = states.mu_a, states.var_a  # (B, I)
+        mu_a, var_a, jcb = states.mu_a, states.var_a, states.jcb  # (B, I) or (B, C, H, W)
+        if mu_a.dim() > 2 and mu_a[0].numel() == self.input_size:
+            # After a conv stack: flatten C-major, exactly like torch.nn.Flatten (a view).
+            mu_a, var_a, jcb = (None if t is None else t.flatten(1) for t in (mu_a, var_a, jcb))
         if mu_a.dim() != 2 or mu_a.shape[1] != self.input_size:
-            raise ValueError(f"{self.label}: expected input of shape (batch, {self.input_size}),"
-                             f" got {tuple(mu_a.shape)}")
+            image = (f" or (batch, C, H, W) with C·H·W = {self.input_size}"
+                     if states.mu_a.dim() > 2 else "")
+            raise ValueError(f"{self.label}: expected input of shape (batch, {self.input_size})"
+                             f"{image}, got {tuple(states.mu_a.shape)}")
         mu_a_sq = mu_a * mu_a
         mu_z = F.linear(mu_a, self.mu_w, self.mu_b)  # (B, O)
         # v_Z = v_A (m_W² + v_W)ᵀ + m_A² v_Wᵀ + v_B, computed as (m_A² + v_A) v_Wᵀ + v_A (m_W²)ᵀ
@@ -71,8 +80,8 @@ class Linear(ParamLayer):
             var_z = F.linear(mu_a_sq + var_a, self.var_w, self.var_b)
             var_z.addmm_(var_a, mu_w_sq.t())
         if self.training:
-            self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = (
-                mu_a, mu_a_sq, mu_w_sq, states.jcb)
+            self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = mu_a, mu_a_sq, mu_w_sq, jcb
+            self._in_shape = tuple(states.mu_a.shape)
         return HiddenStates(mu_z, var_z, None)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
@@ -95,7 +104,8 @@ class Linear(ParamLayer):
         if self._jcb is not None:
             delta_mu_in.mul_(self._jcb)
             delta_var_in.mul_(self._jcb).mul_(self._jcb)
-        return DeltaStates(delta_mu_in, delta_var_in)
+        # The innovations have the shape of the state they belong to (views, no copy).
+        return DeltaStates(delta_mu_in.view(self._in_shape), delta_var_in.view(self._in_shape))
 
     def __repr__(self) -> str:
         return f"Linear({self.input_size}, {self.output_size}, bias={self.bias})"

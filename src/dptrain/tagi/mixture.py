@@ -1,4 +1,4 @@
-"""Moment-matched activations (TAGI_MATH.md §3): exact mean, variance and J = Cov(A, Z)/v_Z of
+"""Moment-matched activations (docs/tagi.md): exact mean, variance and J = Cov(A, Z)/v_Z of
 ReLU, hard-tanh clip(Z, −1, 1) and hard-sigmoid (clip(Z, −1, 1) + 1)/2 of a Gaussian Z.
 
 Shape legend: any state shape, (B, N) or (B, C, H, W); everything is elementwise.
@@ -48,7 +48,7 @@ class MixtureReLU(Activation):
 
 def _hard_tanh_moments(mu_z: torch.Tensor, var_z: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(m_T, v_T unfloored, J) of T = clip(Z, −1, 1) (TAGI_MATH.md §3).
+    """(m_T, v_T unfloored, J) of T = clip(Z, −1, 1) (docs/tagi.md, Activations).
 
     The same quantities as cuTAGI's `m_T = (m+1)P_l + (m−1)P_u + s(p_l − p_u) − m` and its v_T,
     computed around k = clip(m_Z, −1, 1): E[T − k] and E[(T − k)²] have no m² terms, which in

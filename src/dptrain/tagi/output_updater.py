@@ -1,4 +1,4 @@
-"""Observation update of the network output (TAGI_MATH.md §4): the innovations that start the
+"""Observation update of the network output (docs/tagi.md, Output update): innovations starting the
 backward pass.
 
 Shape legend: B batch, N output units, L observed outputs per sample (index update).
@@ -58,6 +58,62 @@ class OutputUpdater:
         delta_mu, delta_var = _innovations(mu.gather(1, idx), var.gather(1, idx), jcb, y, noise)
         delta_states.delta_mu = torch.zeros_like(mu).scatter_add_(1, idx, delta_mu)
         delta_states.delta_var = torch.zeros_like(mu).scatter_add_(1, idx, delta_var)
+
+
+    def update_heteros(self, output_states: HiddenStates, mu_obs: Any,
+                       delta_states: DeltaStates) -> None:
+        """Heteroscedastic (AGVI) update: the output holds (mean, noise variance) pairs from
+        `EvenExp`, and the noise variance is learned instead of given.
+
+        `mu_obs`: (B, K) or flat (B·K,) targets for an output of width 2K (NaN = missing: both
+        slots of that target get δ = 0). See docs/tagi.md, Heteroscedastic regression. The
+        noise slot's δv can be positive, unlike every other innovation.
+        """
+        mu, var = _checked_output(output_states)
+        if mu.dim() != 2 or mu.shape[1] % 2:
+            raise ValueError(f"update_heteros needs a (batch, 2 x targets) output of (mean, "
+                             f"noise) pairs, got {tuple(mu.shape)}")
+        batch, width = mu.shape
+        y = _shaped_like(mu_obs, torch.Size((batch, width // 2)), mu, "mu_obs")
+        pairs = (batch, width // 2, 2)
+        mu_y, mu_t = mu.reshape(pairs).unbind(2)
+        var_y, var_t = var.reshape(pairs).unbind(2)
+        jcb_y, jcb_t = (None, None) if output_states.jcb is None else \
+            output_states.jcb.reshape(pairs).unbind(2)
+        # (4, B, K): δm of the mean slots, δm of the noise slots, then the two δv
+        deltas = _agvi_innovations(mu_y, var_y, jcb_y, mu_t, var_t, jcb_t, y)
+        # back to the (mean, noise) interleaving of the output: (B, K, 2) -> (B, 2K)
+        delta_states.delta_mu = deltas[:2].permute(1, 2, 0).reshape(batch, width)
+        delta_states.delta_var = deltas[2:].permute(1, 2, 0).reshape(batch, width)
+
+
+def _agvi_innovations(mu_y: torch.Tensor, var_y: torch.Tensor, jcb_y: torch.Tensor | None,
+                      mu_t: torch.Tensor, var_t: torch.Tensor, jcb_t: torch.Tensor | None,
+                      y: torch.Tensor) -> torch.Tensor:
+    """(δm_Y, δm_T, δv_Y, δv_T) stacked, each (B, K); J = None means 1.
+
+    The noise V ~ N(0, T) enters the observation y = Y + V. Its posterior gives the posterior
+    of V², whose prior mean is E[T] and variance 3 v_T + 2 m_T²; T is then updated through
+    Cov(T, V²) = v_T (docs/tagi.md, Heteroscedastic regression). At batch 10 a step is all
+    per-op overhead, so the algebra is arranged for few tensor operations.
+    """
+    inv_s = torch.reciprocal(var_y + mu_t)
+    residual_over_s = (y - mu_y).mul_(inv_s)
+    mean_v = mu_t * residual_over_s
+    var_v = mu_t * (1.0 - mu_t * inv_s)
+    mean_v_sq = mean_v * mean_v
+    prior_var_v2 = 3.0 * var_t + 2.0 * mu_t * mu_t
+    gain = var_t / prior_var_v2
+    # J/v_T carries the change of T back to its pre-activation; 0 where v_T vanishes
+    jv = torch.reciprocal(var_t) if jcb_t is None else jcb_t / var_t
+    jv = torch.where(torch.isfinite(jv), jv, 0.0).mul_(gain)
+    deltas = torch.stack([
+        residual_over_s if jcb_y is None else jcb_y * residual_over_s,
+        jv * (mean_v_sq + var_v - mu_t),
+        -inv_s if jcb_y is None else -jcb_y * jcb_y * inv_s,
+        jv * jv * (2.0 * var_v * (var_v + 2.0 * mean_v_sq) - prior_var_v2)])
+    # a missing target (NaN) or a non-finite ratio leaves both slots of that target unobserved
+    return torch.where(torch.isfinite(deltas.sum(0)), deltas, 0.0)
 
 
 def _innovations(mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,

@@ -1,4 +1,4 @@
-"""Remax: closed-form moments of a softmax-like normalisation, per sample (TAGI_MATH.md §3).
+"""Remax: closed-form moments of a softmax-like normalisation, per sample (docs/tagi.md, Remax).
 
 A_j = M_j / Σ_k M_k with M = MixtureReLU(Z), the ratio moment-matched through log-normals.
 Shape legend: B batch, N classes; the input is (B, N) and the normalisation runs over N.

@@ -20,7 +20,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 class Sequential(Layer):
     """Layers applied in order; also usable as a nested block inside another Sequential.
 
-    Training step (TAGI_MATH.md §1), exactly pytagi's::
+    Training step (docs/tagi.md, One training step), exactly pytagi's::
 
         mu, var = net(x)                       # forward, x: (B, I) tensor or array
         updater.update(net.output_z_buffer, y, var_y, net.input_delta_z_buffer)
@@ -34,7 +34,7 @@ class Sequential(Layer):
     Attributes for a data-parallel wrapper:
         cap_batch_size: when not None, `step()` uses the cap factor c(cap_batch_size) instead of
             c(last_batch_size); set it to the global batch so that N ranks summing their deltas
-            step exactly like one process on the whole batch (TAGI_MATH.md §15.7).
+            step exactly like one process on the whole batch (docs/tagi.md, Data-parallel TAGI).
         last_batch_size: batch size of the last forward in training mode (None before one).
         input_state_update: if True, `backward()` also computes the innovations for the input x
             into `input_delta_x` (pytagi's flag of the same name); default False.
@@ -146,17 +146,20 @@ class Sequential(Layer):
         """Propagate moments; returns (mu, var) of the output, each (B, N) torch tensors.
 
         `mu_x`: (B, I) (or (B, C, H, W)) tensor or array, converted to the network's dtype and
-        device; `var_x`: its variances (default 0). Raises ValueError for NaN/inf or negative
-        input variances, and (from the first layer) for a wrong input shape. In training mode
-        the batch size is recorded for the step cap. The innovations of an earlier update are
-        discarded, so a `backward()` without a fresh update fails instead of reusing them.
+        device; `var_x`: its variances (default 0). A network whose first layer is a Conv2d
+        given in_width/in_height also takes pytagi's flat (B, C·H·W) or (B·C·H·W,) arrays.
+        Raises ValueError for NaN/inf or negative input variances, and (from the first layer)
+        for a wrong input shape. In training mode the batch size is recorded for the step cap.
+        The innovations of an earlier update are discarded, so a `backward()` without a fresh
+        update fails instead of reusing them.
         Given a `HiddenStates` (the call of an enclosing Sequential) it returns `HiddenStates`.
         """
         if isinstance(mu_x, HiddenStates):
             with torch.no_grad():
                 return self._forward_states(mu_x)
         self.input_delta_z_buffer.delta_mu = self.input_delta_z_buffer.delta_var = None
-        mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs)
+        mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs,
+                           self.input_sample_shape())
         with torch.no_grad():
             states = self._forward_states(HiddenStates(mu, var, None))
         if self.training:
@@ -166,6 +169,14 @@ class Sequential(Layer):
         return states.mu_a, states.var_or_zeros()
 
     __call__ = forward
+
+    def input_sample_shape(self) -> tuple[int, ...] | None:
+        """The first parametric layer's sample shape, e.g. (C, H, W) of a Conv2d built with
+        in_width/in_height: `forward` then also accepts pytagi's flat (B, C·H·W) and (B·C·H·W,)
+        inputs and reshapes them (C-major, as `torch.flatten`)."""
+        if self._first_param == len(self.layers):
+            return None
+        return self.layers[self._first_param].input_sample_shape()
 
     def _forward_states(self, states: HiddenStates) -> HiddenStates:
         for layer in self.layers:
@@ -177,7 +188,7 @@ class Sequential(Layer):
         """Propagate the innovations in `input_delta_z_buffer` (written by the OutputUpdater)
         to every layer, overwriting each parametric layer's delta buffers.
 
-        Activations are skipped: the next parametric layer applies their J (TAGI_MATH.md §1).
+        Activations are skipped: the next parametric layer applies their J (see docs/tagi.md).
         A nested call passes `delta` explicitly and gets the input innovations back.
         """
         top_level = delta is None
@@ -199,7 +210,7 @@ class Sequential(Layer):
         return delta
 
     def step(self) -> None:
-        """Capped update of every parameter with its current delta (TAGI_MATH.md §6).
+        """Capped update of every parameter with its current delta (docs/tagi.md, Capped step).
 
         The cap factor is c(cap_batch_size) if that is set, else c(last_batch_size).
         Deltas are not cleared: calling step() twice applies them twice.

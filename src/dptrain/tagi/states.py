@@ -18,7 +18,7 @@ class HiddenStates:
     """Diagonal-Gaussian states of one layer boundary (pytagi's `BaseHiddenStates`).
 
     `jcb` is J = Cov(A, Z) / v_Z of the activation that produced the state, for the backward
-    pass (TAGI_MATH.md §0). `None` means J = 1 everywhere (the output of a non-activation layer,
+    pass (docs/tagi.md). `None` means J = 1 everywhere (the output of a non-activation layer,
     or the network input) and saves a tensor and a multiply per layer.
     """
 
@@ -44,7 +44,7 @@ class DeltaStates:
     """Innovations (δm, δv) for a hidden state X (pytagi's `BaseDeltaStates`).
 
     Defined so that the posterior is `m_X|y = m_X + v_X δm` and `v_X|y = v_X + v_X² δv`
-    (TAGI_MATH.md §0). Standard innovations have δv ≤ 0.
+    (docs/tagi.md, Notation). Standard innovations have δv ≤ 0.
     """
 
     delta_mu: torch.Tensor | None = None  # same shape as the state; None before any update

@@ -21,6 +21,7 @@ import torch
 from dptrain import dist as dd
 from dptrain.data import ArrayDataset, ShardedSampler, Split, num_samples_per_rank
 from dptrain.errors import CheckpointError, ConfigError
+from dptrain.learners.calibration import expected_calibration_error, pop_calibration
 from dptrain.learners.protocol import Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import loggers, rng
@@ -114,6 +115,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
+        self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -178,7 +180,13 @@ class Trainer:
                                                                    indices)).items():
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
-        return _derived(dd.means(dd.reduce_sum_count(sums, self._metric_device())), "test")
+        means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
+        bins = pop_calibration(means)
+        derived = _derived(means, "test")
+        if bins is not None:
+            derived["test_ece"] = expected_calibration_error(bins)
+            self.calibration = bins
+        return derived
 
     def _end_epoch(self, train_means: dict[str, float], test_means: dict[str, float]) -> bool:
         record = {"epoch": self.epoch + 1, "step": self.step, **train_means, **test_means}
@@ -291,6 +299,7 @@ class Trainer:
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
+            **({"calibration_bins": self.calibration} if self.calibration else {}),
         }
 
     def _finish(self, summary: dict[str, Any]) -> None:
@@ -300,20 +309,24 @@ class Trainer:
         if self.tb is not None:
             self.tb.close()
         loggers.plot_learning_curves(out / "learning_curves.png", self.history)
-        predict = getattr(self.learner, "predict", None)
+        predict = getattr(self.learner, "predict_bands", None)
         if self.split.task == "regression" and self.split.input_shape == (1,) and predict:
             self._plot_predictions(out / "predictions.png", predict)
+        if self.calibration is not None:
+            loggers.plot_reliability(out / "reliability.png", self.calibration)
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1, default=str))
         tmp.replace(out / "summary.json")
 
-    def _plot_predictions(self, path: Path, predict) -> None:
-        """Predictive mean ±1σ/±3σ over the test inputs, in the data's own units."""
+    def _plot_predictions(self, path: Path, predict_bands) -> None:
+        """Predictive mean with its epistemic and total ±2σ bands over the test inputs, in the
+        data's own units."""
         split = self.split
-        mean, std = (t.cpu() for t in predict(split.test.x.to(self.runtime.device)))
+        mean, epistemic_std, total_std = (
+            t.cpu() for t in predict_bands(split.test.x.to(self.runtime.device)))
         x_of = split.x_norm.invert if split.x_norm is not None else (lambda t: t)
         y_of = split.y_norm.invert if split.y_norm is not None else (lambda t: t)
         y_std = split.y_norm.std if split.y_norm is not None else 1.0
         loggers.plot_regression_band(path, x_of(split.train.x), y_of(split.train.y),
                                      x_of(split.test.x), y_of(split.test.y), y_of(mean),
-                                     std * y_std)
+                                     epistemic_std * y_std, total_std * y_std)

@@ -5,6 +5,7 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     digits-image           8x8 digits as (1, 8, 8) images          load_digits(flat=False)
     diabetes               scikit-learn's diabetes regression      load_diabetes()
     toy1d                  y = x³ + ε, 20 train / 200 test points  load_toy1d(...)
+    toy1d-hetero           y = sin 3x + ε, σ_ε = 0.1 + 0.5|x|      load_toy1d_hetero(...)
     mnist:DIR              MNIST IDX files in DIR                  load_mnist(DIR, ...)
     fashion-mnist:DIR      Fashion-MNIST IDX files in DIR          load_mnist(DIR, ...)
     cifar10:DIR            CIFAR-10 python or binary batches       load_cifar10(DIR, ...)
@@ -26,7 +27,7 @@ from dptrain.data.datasets.cifar10 import load_cifar10
 from dptrain.data.datasets.idx import load_mnist
 from dptrain.data.datasets.sklearn_sets import load_diabetes, load_digits
 from dptrain.data.datasets.table import load_csv, load_npz
-from dptrain.data.datasets.toy1d import load_toy1d
+from dptrain.data.datasets.toy1d import load_toy1d, load_toy1d_hetero
 from dptrain.errors import ConfigError
 
 # name -> loader; the names in PATH_DATASETS take the part after the colon as first argument
@@ -35,6 +36,7 @@ BUILTIN_DATASETS: dict[str, Callable[..., Split]] = {
     "digits-image": functools.partial(load_digits, flat=False),
     "diabetes": load_diabetes,
     "toy1d": load_toy1d,
+    "toy1d-hetero": load_toy1d_hetero,
 }
 PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "mnist": functools.partial(load_mnist, variant="mnist"),

@@ -34,3 +34,36 @@ def load_toy1d(*, num_train: int = 20, num_test: int = 200,
     y_train = x_train**3 + noise_std * torch.randn(num_train, 1, generator=g, dtype=torch.float64)
     y_test = x_test**3 + noise_std * torch.randn(num_test, 1, generator=g, dtype=torch.float64)
     return regression_split("toy1d", x_train, y_train, x_test, y_test)
+
+
+#: toy1d-hetero: noise standard deviation a + b·|x| on x in [-1, 1] (a is 1/6 of the largest).
+HETERO_NOISE = (0.1, 0.5)
+HETERO_RANGE = (-1.0, 1.0)
+
+
+def hetero_noise_std(x: torch.Tensor) -> torch.Tensor:
+    """The true noise standard deviation of toy1d-hetero at raw inputs `x`."""
+    a, b = HETERO_NOISE
+    return a + b * x.abs()
+
+
+def load_toy1d_hetero(*, num_train: int = 500, num_test: int = 200, seed: int = 0) -> Split:
+    """Heteroscedastic 1D regression: y = sin(3x) + ε, ε ~ N(0, (0.1 + 0.5|x|)²).
+
+    `num_train` points uniform on [-1, 1], `num_test` evenly spaced on the same interval (noise
+    far outside the data is not learnable, so the test measures interpolation). The noise at
+    the edges is six times the noise at the centre: a fixed σ_v must be wrong somewhere.
+    """
+    if num_train < 2 or num_test < 1:
+        raise ConfigError(f"toy1d-hetero needs num_train >= 2 (to standardise) and num_test >= 1, "
+                          f"got num_train={num_train}, num_test={num_test}")
+    g = torch.Generator().manual_seed(seed)
+    low, high = HETERO_RANGE
+    x_train = low + (high - low) * torch.rand(num_train, 1, generator=g, dtype=torch.float64)
+    x_test = torch.linspace(low, high, num_test, dtype=torch.float64).reshape(-1, 1)
+
+    def draw(x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(x.shape, generator=g, dtype=torch.float64)
+        return torch.sin(3 * x) + hetero_noise_std(x) * noise
+
+    return regression_split("toy1d-hetero", x_train, draw(x_train), x_test, draw(x_test))

@@ -1,0 +1,54 @@
+"""Print a benchmark result file as the Markdown shown in bench/README.md, with its machine line.
+
+    .venv/bin/python bench/results_table.py bench/results/tagi_vs_pytagi.json
+
+The tables in the README are pasted from this output, so they say which run, machine and load
+they come from. Only the tagi_vs_pytagi result files have a table here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def machine_line(record: dict) -> str:
+    hw, sw = record.get("hardware", {}), record.get("software", {})
+    load = record.get("load_average_1_5_15", {})
+    before, after = load.get("before", [None])[0], load.get("after", [None])[0]
+    env = {k: v for k, v in record.get("environment", {}).items() if v is not None}
+    parts = [f"{hw.get('cpu_model', '?')}, {hw.get('usable_cores', '?')} cores, "
+             f"{hw.get('memory_gib', '?')} GiB",
+             f"python {sw.get('python', '?')}, torch {sw.get('torch', '?')}"
+             + (f", pytagi {sw['pytagi']}" if "pytagi" in sw else ""),
+             f"git {record.get('git', '?')}, {record.get('date_utc', '?')}"]
+    if before is not None and after is not None:
+        parts.append(f"1-minute load average {before:.1f} before, {after:.1f} after")
+    parts.append(", ".join(f"{k}={v}" for k, v in env.items()) or "default environment")
+    return "; ".join(parts)
+
+
+def tagi_vs_pytagi_table(record: dict) -> str:
+    rows = ["| phase | batch | dptrain.tagi | pytagi | ratio | target | best |",
+            "|---|---:|---:|---:|---:|---|---:|"]
+    for r in record["results"]:
+        verdict = "met" if r["meets_target"] else "missed"
+        rows.append(f"| {r['phase']} | {r['batch_size']} | {r['ours_samples_per_s']:,.0f} | "
+                    f"{r['pytagi_samples_per_s']:,.0f} | {r['ratio']:.1f}x | "
+                    f"≥{r['target_ratio']:g}x {verdict} | {r['ratio_of_best']:.1f}x |")
+    return "\n".join(rows)
+
+
+def main(paths: list[str]) -> None:
+    for path in paths:
+        record = json.loads(Path(path).read_text())
+        if record.get("benchmark") != "tagi_vs_pytagi":
+            print(f"{path}: no table for benchmark {record.get('benchmark')!r}")
+            continue
+        print(f"{path}: {machine_line(record)}\n")
+        print(tagi_vs_pytagi_table(record) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["bench/results/tagi_vs_pytagi.json"])
