@@ -35,7 +35,6 @@ pytestmark = pytest.mark.e2e
 # The run every row starts from; a row's own flags come after these and win.
 RUN = ["--nproc", "1", "--epochs", "2", "--hidden", "16", "--checkpoint-every", "20",
        "--keep-last", "10", "--no-progress"]
-NEEDS_RESUME = pytest.mark.xfail(strict=False, reason="needs resume checks")
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                  "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK",
                  "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
@@ -226,7 +225,7 @@ CASES = {
         "skipping checkpoint: {out}/checkpoints/step-00000090: incomplete checkpoint "
         "(no meta.json)", replaced=("step-00000090", "best")),
 }
-# Rows whose checks come with the resume work; their texts are agreed with it.
+# Rows that a run directory belongs to one run.
 RESUME_CASES = {
     "option-changed-on-resume": Case(lambda t, o: ["--hidden", "64"], 4,
                                      "was started with different options: hidden 16 -> 64"),
@@ -283,7 +282,7 @@ def _in_process(argv: list[str], env: dict[str, str], monkeypatch, capsys) -> tu
 
 
 @pytest.mark.parametrize("name", [
-    *CASES, *(pytest.param(n, marks=NEEDS_RESUME) for n in RESUME_CASES)])
+    *CASES, *RESUME_CASES])
 def test_bad_input_is_one_line_and_touches_no_checkpoint(name, finished_run, busy_port,
                                                          tmp_path, monkeypatch, capsys):
     case = {**CASES, **RESUME_CASES}[name]

@@ -65,6 +65,25 @@ def test_a_rank_killed_mid_epoch_resumes_bit_exactly(tmp_path):
     assert len(_epochs(tmp_path / "killed")) == 2
 
 
+def test_a_dropout_model_killed_mid_epoch_resumes_with_its_rng_and_its_epoch_metrics(tmp_path):
+    """The RNG restore, exercised: dropout draws from every rank's generator while training, so
+    only restored generators give the same masks, hence the same parameters. And the resumed
+    epoch's train metrics cover its steps before the kill too (kept in the checkpoint), so
+    epochs.csv equals the uninterrupted run's, byte for byte."""
+    common = ["train", "--model", "torch-mlp", "--dropout", "0.3", "--hidden", "32",
+              "--epochs", "1", "--batch-size", "64", "--checkpoint-every", "8", "--no-progress"]
+    clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
+    assert clean.returncode == 0, clean.output
+    killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:13",
+                             "--max-restarts", "1"), timeout_s=240)
+    assert killed.returncode == 0, killed.output
+    assert "resumed from" in killed.stdout and "step-00000008" in killed.stdout
+    assert _summary(tmp_path / "killed")["params_sha256"] == \
+        _summary(tmp_path / "clean")["params_sha256"]
+    assert (tmp_path / "killed" / "epochs.csv").read_text() == \
+        (tmp_path / "clean" / "epochs.csv").read_text()
+
+
 def test_without_restarts_a_killed_rank_fails_the_job_naming_it(tmp_path):
     result = run(dptrain_cmd("train", "--epochs", "1", "--no-progress", "--out",
                              str(tmp_path / "r"), "--fail-at", "0:3"), timeout_s=180)
@@ -184,3 +203,24 @@ def test_sigterm_stops_the_job_quietly_with_status_143(tmp_path):
     assert proc.returncode == 143, output
     assert "dptrain train: stopped by SIGTERM" in output
     assert "Traceback" not in output, output
+
+
+def test_under_torchrun_without_out_a_restarted_attempt_finds_its_run_directory(tmp_path):
+    """torchrun without --rdzv-id names no job (run id "none"): rank 0 names the directory after
+    the agent's start time, which the restarted attempt shares, and so it resumes. (A job id, when
+    there is one, names it instead: see test_train_options.)"""
+    from tests._cli import PYTHON, base_env
+    from tests._world import free_port
+
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           "--max-restarts=1", "-m", "dptrain", "train",
+           "--epochs", "1", "--hidden", "16", "--batch-size", "64", "--checkpoint-every", "5",
+           "--no-progress"]
+    env = base_env(DPTRAIN_FAIL_AT="1:7", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    result = run(cmd, env=env, cwd=tmp_path, timeout_s=240)
+    assert result.returncode == 0, result.output
+    assert "fault injection (attempt 0): SIGKILL at step 7" in result.output
+    dirs = list((tmp_path / "runs").iterdir())
+    assert len(dirs) == 1 and dirs[0].name.startswith("tagi-mlp-digits-"), dirs
+    assert "resumed from" in result.stdout and "step-00000005" in result.stdout

@@ -108,3 +108,44 @@ def test_early_stopping_counts_patience_and_restores():
     assert not maximise.update(2, {"test_log_likelihood": -3.0})
     with pytest.raises(ValueError, match="monitors 'loss', but the evaluation gave only"):
         EarlyStopping("loss").update(1, {"test_error": 0.1})
+
+
+def _save_with_shard(directory: Path, step: int) -> Path:
+    """A checkpoint laid out as a sharded learner leaves it: shards written before the commit."""
+    tmp = ckpt.begin(directory, step)
+    (tmp / "sharded").mkdir()
+    (tmp / "sharded" / "__0_0.distcp").write_bytes(bytes(range(256)) * 8)
+    (tmp / "sharded" / ".metadata").write_bytes(b"metadata of step %d" % step)
+    return ckpt.commit(tmp, {"step": step}, {"step": step})
+
+
+@pytest.mark.parametrize("name", ["sharded/__0_0.distcp", "sharded/.metadata"])
+def test_a_corrupt_or_missing_shard_falls_back_to_the_previous_checkpoint(tmp_path, caplog, name):
+    good = _save_with_shard(tmp_path, 1)
+    bad = _save_with_shard(tmp_path, 2)
+    assert set(ckpt.validate(bad).meta["files"]) == {"state.pt", "sharded/__0_0.distcp",
+                                                     "sharded/.metadata"}
+    shard = bad / name
+    data = bytearray(shard.read_bytes())
+    data[3] ^= 0xFF
+    shard.write_bytes(data)
+    with caplog.at_level("WARNING"):
+        assert ckpt.latest_valid(tmp_path).path == good
+    assert f"step-00000002/{name}: checksum mismatch" in caplog.text
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"{name}: missing"):
+        ckpt.validate(bad)
+
+
+def test_format_1_checkpoints_are_still_read_and_unknown_versions_refused(tmp_path):
+    import json
+
+    path = _save(tmp_path, 5, 2.0)
+    meta = json.loads((path / "meta.json").read_text())
+    old = {**{k: v for k, v in meta.items() if k != "files"}, "format_version": 1,
+           "sha256": meta["files"]["state.pt"]}
+    (path / "meta.json").write_text(json.dumps(old))
+    assert ckpt.validate(path).load_state()["w"][0].item() == 2.0
+    (path / "meta.json").write_text(json.dumps({**old, "format_version": 9}))
+    with pytest.raises(CheckpointError, match="format version 9, this dptrain reads 1, 2"):
+        ckpt.validate(path)

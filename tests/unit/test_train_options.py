@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dptrain.cli.main import build_parser
@@ -17,7 +19,42 @@ def test_defaults_are_the_main_job():
     o = _options()
     assert (o.model, o.dataset, o.nproc, o.epochs, o.batch_size) == ("tagi-mlp", "digits", 2,
                                                                       10, 32)
-    assert o.out.startswith("runs/tagi-mlp-")
+    assert o.out == ""  # decided by with_run_dir, which knows the launcher
+
+
+def test_the_run_directory_is_named_after_model_dataset_and_job_or_time():
+    from dptrain.cli.train import with_run_dir
+    from dptrain.dist import resolve_env
+
+    single = resolve_env({})
+    o = with_run_dir(_options(), single)
+    assert re.fullmatch(r"runs/tagi-mlp-digits-\d{8}-\d{6}", o.out), o.out
+    assert with_run_dir(_options("--out", "mine"), single).out == "mine"
+    named = with_run_dir(_options("--dataset", "csv:/data/my wine.csv"), single).out
+    assert named.startswith("runs/tagi-mlp-csv-my-wine-"), named
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+                "TORCHELASTIC_RUN_ID": "job42"}
+    assert with_run_dir(_options(), resolve_env(torchrun), torchrun).out == \
+        "runs/tagi-mlp-digits-job42"
+    # torchrun's default run id "none" names no job: rank 0 decides once the group runs.
+    static = {**torchrun, "TORCHELASTIC_RUN_ID": "none"}
+    assert with_run_dir(_options(), resolve_env(static), static).out == ""
+
+
+@pytest.mark.parametrize("launcher,environ,expected", [
+    ("torchrun", {"TORCHELASTIC_RUN_ID": "abc-1"}, "abc-1"),
+    ("torchrun", {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}, "77"),
+    ("torchrun", {"TORCHELASTIC_RUN_ID": "none"}, None),
+    ("slurm", {"SLURM_JOB_ID": "1234"}, "1234"),
+    ("openmpi", {"OMPI_MCA_ess_base_jobid": "2519/1", "SLURM_JOB_ID": "9"}, "2519-1"),
+    ("openmpi", {"OMPI_MCA_orte_ess_jobid": "31"}, "31"),
+    ("openmpi", {"PMIX_NAMESPACE": "prterun-host-1234@1"}, "prterun-host-1234-1"),
+    ("env", {}, None),
+])
+def test_job_ids_of_the_launchers(launcher, environ, expected):
+    from dptrain.dist.job import job_id
+
+    assert job_id(launcher, environ) == expected
 
 
 def test_flags_win_over_the_toml_file(tmp_path):
@@ -32,10 +69,12 @@ def test_flags_win_over_the_toml_file(tmp_path):
     ([], "epochz = 3\n", "unknown key 'epochz'; accepted: model, dataset, nproc, epochs"),
     ([], "epochs = 'three'\n", "key 'epochs': expected a int, got 'three'"),
     ([], "epochs = [\n", "not valid TOML"),
-    (["--batch-size", "33"], None, "batch-size 33 must be divisible by nproc 2"),
     (["--epochs", "0"], None, "epochs: expected an integer >= 1, got 0"),
     (["--precision", "bf16"], None, "precision bf16 is for torch models"),
     (["--model", "torch-mlp", "--precision", "64"], None, "precision 64 is for TAGI models"),
+    (["--resume", "never", "--max-restarts", "1"], None, "which --resume never forbids"),
+    (["--dropout", "1"], None, "dropout: expected a probability in [0, 1), got 1.0"),
+    (["--dropout", "0.1"], None, "dropout is for the torch-mlp model, not tagi-mlp"),
     (["--fail-at", "x"], None, "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative "
                                "integers, comma-separated, got 'x'"),
 ])
@@ -85,3 +124,23 @@ def test_fail_at_takes_one_point_per_attempt(monkeypatch):
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="config file not found: .*nope.toml"):
         _options("--config", str(tmp_path / "nope.toml"))
+
+
+def test_the_batch_split_is_checked_against_the_real_world_size():
+    """Under a launcher the world size is the launcher's, not --nproc (default 2)."""
+    from dptrain.cli.train import job_world_size
+    from dptrain.cli.train_options import check_batch_split
+    from dptrain.dist import resolve_env
+
+    under_torchrun = resolve_env({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "h",
+                                  "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "j"})
+    o = _options("--batch-size", "33")  # not divisible by --nproc 2, but by the 3 processes
+    assert job_world_size(o, under_torchrun) == (3, "from torchrun")
+    check_batch_split(o.batch_size, *job_world_size(o, under_torchrun))
+    o = _options("--batch-size", "32")
+    with pytest.raises(ConfigError, match=r"batch-size 32 must be divisible by the world size 3 "
+                                          r"\(from torchrun\)"):
+        check_batch_split(o.batch_size, *job_world_size(o, under_torchrun))
+    with pytest.raises(ConfigError, match=r"batch-size 33 must be divisible by the world size 2 "
+                                          r"\(--nproc 2\)"):
+        check_batch_split(33, *job_world_size(o, resolve_env({})))

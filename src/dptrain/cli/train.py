@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import time
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
-from dptrain.cli.train_options import MODELS, TrainOptions, accepted_keys, resolve
-from dptrain.dist import resolve_env
+from dptrain.cli.train_options import (
+    MODELS,
+    TrainOptions,
+    accepted_keys,
+    check_batch_split,
+    resolve,
+)
+from dptrain.dist import DistEnv, resolve_env
+from dptrain.dist.job import job_id, stamp
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("hidden", int, "width of the hidden layers"),
             ("sigma-v", float, "TAGI observation noise σ_v"),
             ("lr", float, "learning rate (torch models)"),
+            ("dropout", float, "torch-mlp: dropout probability after each hidden layer"),
             ("accumulation-steps", int, "torch models: micro-batches per optimizer step"),
             ("checkpoint-every", int, "also checkpoint every STEPS steps (0: epoch ends only)"),
             ("keep-last", int, "checkpoints kept"),
@@ -46,7 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--heteroscedastic", action="store_true", default=None,
                    help="TAGI regression: learn the observation noise per input (EvenExp head) "
                         "instead of a fixed σ_v")
-    p.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<time>)")
+    p.add_argument("--out", metavar="DIR",
+                   help="run directory (default runs/<model>-<dataset>-<job id or time>)")
     p.add_argument("--resume", choices=("auto", "never"), help="default auto")
     p.add_argument("--monitor", help="metric for early stopping (default test_error/test_rmse)")
     p.add_argument("--fail-at", metavar="RANK:STEP,...",
@@ -57,18 +66,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> TrainOptions:
-    """Pure: the resolved options (defaults < --config file < flags), with a run directory."""
+    """Pure: the resolved options (defaults < --config file < flags); `out` as given."""
     flags = {name: getattr(args, name, None) for name in accepted_keys()}
-    options = resolve(flags, args.config)
-    if not options.out:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        options = replace(options, out=str(Path("runs") / f"{options.model}-{stamp}"))
-    return options
+    return resolve(flags, args.config)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "x"
+
+
+def run_dir(options: TrainOptions, label: str) -> str:
+    """`runs/<model>-<dataset>-<label>`; a dataset PATH or model file adds its file stem."""
+    def name(spec: str) -> str:
+        kind, sep, rest = spec.partition(":")
+        if kind.endswith(".py"):  # PATH.py:FUNCTION
+            return f"{Path(kind).stem}.{rest}"
+        return f"{kind}-{Path(rest).stem}" if sep and Path(rest).suffix else kind
+
+    return str(Path("runs") / _slug(f"{name(options.model)}-{name(options.dataset)}-{label}"))
+
+
+def with_run_dir(options: TrainOptions, env: DistEnv,
+                 environ: dict[str, str] | None = None) -> TrainOptions:
+    """`options` with its run directory: --out when given; under a launcher the job's id when
+    it names one (a restarted attempt finds the directory again), else "" for rank 0 to decide
+    once the processes run; started here, the time now."""
+    if options.out:
+        return options
+    if env.launcher == "single":
+        return replace(options, out=run_dir(options, stamp()))
+    job = job_id(env.launcher, environ)
+    return replace(options, out=run_dir(options, job) if job else "")
+
+
+def job_world_size(options: TrainOptions, env: DistEnv) -> tuple[int, str]:
+    """The world size the job will really have, and where it comes from: the launcher's when
+    one started this process (whatever --nproc says), else the processes started here."""
+    if env.launcher != "single":
+        return env.world_size, f"from {env.launcher}"
+    nnodes = getattr(options, "nnodes", 1)
+    if nnodes > 1:
+        return options.nproc * nnodes, f"--nnodes {nnodes} x --nproc {options.nproc}"
+    return options.nproc, f"--nproc {options.nproc}"
 
 
 def train_command(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     env = resolve_env()
+    check_batch_split(options.batch_size, *job_world_size(options, env))
+    options = with_run_dir(options, env)
     if env.launcher != "single" or (options.nproc == 1 and options.max_restarts == 0):
         # Already one of the launcher's processes (torchrun, mpirun, srun), or one is enough.
         from dptrain.cli.train_worker import run_training

@@ -6,6 +6,7 @@ options as JSON) use it without argparse or processes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 from dataclasses import asdict, dataclass, fields
@@ -19,6 +20,16 @@ TAGI_MODELS = ("tagi-mlp",)
 TORCH_MODELS = ("torch-mlp", "torch-cnn")
 MODELS = TAGI_MODELS + TORCH_MODELS
 PRECISIONS = ("32", "64", "bf16", "fp16")
+
+RESUMABLE_OPTIONS = frozenset({
+    "epochs", "patience", "checkpoint_every", "keep_last", "timeout", "max_restarts",
+    "progress", "fail_at", "out", "resume",
+    # How the processes are launched, not what they compute: epoch-end checkpoints resume on
+    # any world size, and the Trainer itself refuses a mid-epoch one saved on another.
+    "nproc", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
+})
+"""Options that may change when a run resumes. Every other option defines the run (new options
+too, unless added here): a checkpoint written with other values is refused."""
 
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions:
@@ -46,12 +57,15 @@ class TrainOptions:
     """TAGI regression: learn the observation noise per input (EvenExp head); σ_v unused."""
     lr: float = 3e-3
     """Learning rate of the torch recipes' optimizer (Adam)."""
+    dropout: float = 0.0
+    """torch-mlp: dropout probability after each hidden layer (0: none)."""
     strategy: str = "ddp"
     """Torch models: ddp (replicated) or fsdp (FSDP2 fully_shard, sharded checkpoints)."""
     accumulation_steps: int = 1
     """Torch models: micro-batches per optimizer step (one all-reduce per step)."""
     out: str = ""
-    """Run directory; empty: runs/<model>-<dataset>-<time>."""
+    """Run directory; empty: runs/<model>-<dataset>-<time>, or -<job id> under a launcher that
+    names the job (torchrun's run id, Slurm's or OpenMPI's job id)."""
     checkpoint_every: int = 0
     """Also checkpoint every this many steps (0: only at epoch ends)."""
     keep_last: int = 3
@@ -96,15 +110,19 @@ class TrainOptions:
         for name in ("checkpoint_every", "patience", "max_restarts"):
             if getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")
-        if self.batch_size % self.nproc:
-            raise ConfigError(f"batch-size {self.batch_size} must be divisible by nproc "
-                              f"{self.nproc} (every process takes an equal share)")
         if self.timeout <= 0:
             raise bad("timeout", "a number of seconds > 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad("dropout", "a probability in [0, 1)")
+        if self.dropout and self.model != "torch-mlp":
+            raise ConfigError(f"dropout is for the torch-mlp model, not {self.model}")
         if self.sigma_v <= 0 or self.lr <= 0:
             raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
         if self.resume not in ("auto", "never"):
             raise bad("resume", "auto or never")
+        if self.resume == "never" and self.max_restarts:
+            raise ConfigError("max-restarts restarts the job from its checkpoints, which "
+                              "--resume never forbids: use one or the other")
         if self.fail_at:
             FailAt.parse(self.fail_at)
 
@@ -114,6 +132,37 @@ class TrainOptions:
     @classmethod
     def from_json(cls, text: str) -> TrainOptions:
         return cls(**json.loads(text))
+
+def check_batch_split(batch_size: int, world_size: int, source: str) -> None:
+    """The global batch splits evenly over the job's real world size (`source` says whose)."""
+    if batch_size % world_size:
+        raise ConfigError(f"batch-size {batch_size} must be divisible by the world size "
+                          f"{world_size} ({source}): every process takes an equal share")
+
+
+def model_file_sha256(model: str) -> str | None:
+    """sha256 of the file of a `PATH.py:FUNCTION` model spelling; None for a built-in name.
+
+    A user's model file defines the run by its content, wherever it lies.
+    """
+    path, sep, _ = model.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        return None
+    try:
+        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+    except OSError as err:
+        raise ConfigError(f"model file {path}: cannot be read ({err.strerror})") from None
+
+
+def run_record(options: TrainOptions) -> dict[str, Any]:
+    """The options that define the run (all but RESUMABLE_OPTIONS), stored in every checkpoint
+    and compared when the run resumes."""
+    record = {k: v for k, v in asdict(options).items() if k not in RESUMABLE_OPTIONS}
+    digest = model_file_sha256(options.model)
+    if digest is not None:
+        record["model_file_sha256"] = digest
+    return record
+
 
 def accepted_keys() -> list[str]:
     return [f.name for f in fields(TrainOptions)]

@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from dptrain.cli.train_options import TAGI_MODELS, TrainOptions
+from dptrain.cli.train_options import TAGI_MODELS, TrainOptions, run_record
 from dptrain.cli.worker import (
     exit_interrupted,
     exit_with_expected_error,
@@ -19,7 +21,15 @@ from dptrain.cli.worker import (
     is_expected,
 )
 from dptrain.data import Split, load_dataset
-from dptrain.dist import Runtime, distributed, rank_zero_print, setup_logging
+from dptrain.dist import (
+    Runtime,
+    broadcast_object,
+    distributed,
+    get_rank,
+    rank_zero_print,
+    setup_logging,
+)
+from dptrain.dist.job import launcher_start_time, stamp
 from dptrain.errors import ConfigError, DptrainError
 from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
 from dptrain.train import FailAt, TrainConfig, Trainer
@@ -57,7 +67,7 @@ def build_learner(options: TrainOptions, split: Split):
             split.input_shape not in ((64,), (1, 8, 8)):
         raise ConfigError(f"model {options.model} is built for the 8x8 digits (64 inputs, 10 "
                           f"classes); dataset {options.dataset} is {split!r}")
-    recipe = {"lr": options.lr, **({"hidden": options.hidden}
+    recipe = {"lr": options.lr, **({"hidden": options.hidden, "dropout": options.dropout}
                                    if options.model == "torch-mlp" else {})}
     return make_learner(options.model, recipe_options=recipe, precision=options.precision,
                         strategy=options.strategy,
@@ -74,11 +84,24 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
         monitor=options.monitor or ("test_error" if classification else "test_rmse"),
         monitor_mode="max" if "log_likelihood" in options.monitor else "min",
         patience=options.patience or None, progress=options.progress,
-        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)))
+        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)),
+        run_record=run_record(options))
+
+
+def agreed_run_dir(options: TrainOptions, started_at: float) -> str:
+    """Rank 0's run directory, named after `started_at`, on every rank (collective)."""
+    from dptrain.cli.train import run_dir
+
+    return broadcast_object(run_dir(options, stamp(started_at)) if get_rank() == 0 else None)
 
 
 def run_training(options: TrainOptions) -> dict:
     with distributed(timeout=timedelta(seconds=options.timeout)) as runtime:
+        if not options.out:
+            # A launcher that names no job: rank 0 decides. Under torchrun its agent's start
+            # time, which the restarted attempts share, so they find the directory again.
+            started = launcher_start_time() if runtime.env.launcher == "torchrun" else None
+            options = replace(options, out=agreed_run_dir(options, started or time.time()))
         setup_logging(runtime.env.rank)
         logging.getLogger("dptrain").setLevel(logging.WARNING)
         return _fit(options, runtime)

@@ -41,11 +41,19 @@ class Image8x8(nn.Module):
         return x.reshape(x.shape[0], 1, 8, 8)
 
 
-def torch_mlp(*, hidden: int = 128, lr: float = 3e-3) -> Recipe:
-    """64 -> hidden -> hidden -> 10 with ReLU, Adam."""
+def torch_mlp(*, hidden: int = 128, lr: float = 3e-3, dropout: float = 0.0) -> Recipe:
+    """64 -> hidden -> hidden -> 10 with ReLU, Adam; with `dropout` > 0 a Dropout after each
+    hidden layer (it draws from torch's global generator, per rank, while training)."""
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+
+    def hidden_block(n_in: int) -> list[nn.Module]:
+        drop = [nn.Dropout(dropout)] if dropout > 0 else []
+        return [nn.Linear(n_in, hidden), nn.ReLU(), *drop]
+
     def model() -> nn.Module:
-        return nn.Sequential(nn.Flatten(), nn.Linear(NUM_PIXELS, hidden), nn.ReLU(),
-                             nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES))
+        return nn.Sequential(nn.Flatten(), *hidden_block(NUM_PIXELS), *hidden_block(hidden),
+                             nn.Linear(hidden, NUM_CLASSES))
     return Recipe(model, nn.CrossEntropyLoss(), functools.partial(torch.optim.Adam, lr=lr))
 
 

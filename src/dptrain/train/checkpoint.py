@@ -3,14 +3,21 @@
 Layout of a run directory's `checkpoints/`:
 
     step-00000120/state.pt     torch.save of the state (tensors and plain Python values only)
-    step-00000120/meta.json    written last: sha256 of state.pt, step, epoch, world size, config
+    step-00000120/meta.json    written last: sha256 of every other file, step, epoch, world
+                               size, config, the run's record (options that define the run)
     step-00000120/sharded/     (sharded learners only) the learner's own distributed checkpoint
     best/                      a copy of the best checkpoint by the monitored metric
 
 A save goes to `step-N.tmp/`, fsyncs every file, renames the folder to `step-N` and fsyncs
 the parent: a crash at any point leaves either no `step-N` or a complete one. `meta.json` is the
-completion marker; a folder without it, or whose state fails its checksum, is reported and
-skipped in favour of the previous one.
+completion marker; a folder without it, or with any file that fails its checksum (a shard of a
+sharded checkpoint too), is reported and skipped in favour of the previous one.
+
+Every rank writes its shards of a sharded checkpoint into the same folder, and every rank reads
+them back from it: sharded checkpoints need a run directory on a filesystem all nodes share
+(replicated ones do not; see `Trainer._maybe_resume`). A sharded checkpoint directory is trusted
+input: the checksums catch corruption, not tampering, and torch's distributed-checkpoint loader
+unpickles its `.metadata` file. Load only checkpoints your own runs wrote. (`state.pt` is read with `weights_only=True` and executes no code.)
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from dptrain.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: meta.json holds a sha256 per file (`files`); 1 (still read): of state.pt only."""
+READABLE_VERSIONS = (1, 2)
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
@@ -93,7 +102,7 @@ def commit(tmp: Path, state: dict[str, Any], meta: dict[str, Any], *,
     torch.save(state, tmp / "state.pt")
     if midway is not None:
         midway()
-    meta = {**meta, "format_version": FORMAT_VERSION, "sha256": _sha256(tmp / "state.pt")}
+    meta = {**meta, "format_version": FORMAT_VERSION, "files": _file_digests(tmp)}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     _fsync_tree(tmp)
     final = tmp.with_name(f"step-{meta['step']:08d}")
@@ -108,24 +117,36 @@ def commit(tmp: Path, state: dict[str, Any], meta: dict[str, Any], *,
     return final
 
 
+def _file_digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root` but meta.json, by POSIX path relative to `root`."""
+    return {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p != root / "meta.json"}
+
+
 def validate(path: Path) -> Checkpoint:
     """The checkpoint at `path`, or `CheckpointError` saying what is wrong with it."""
-    meta_path, state_path = path / "meta.json", path / "state.pt"
+    meta_path = path / "meta.json"
     if not meta_path.is_file():
         raise CheckpointError(f"{path}: incomplete checkpoint (no meta.json)")
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{meta_path}: unreadable ({err})") from err
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format version {meta.get('format_version')!r}, this "
-                              f"dptrain reads {FORMAT_VERSION}")
-    if not state_path.is_file():
-        raise CheckpointError(f"{state_path}: missing")
-    actual = _sha256(state_path)
-    if actual != meta.get("sha256"):
-        raise CheckpointError(f"{state_path}: checksum mismatch (expected {meta.get('sha256')}, "
-                              f"got {actual}): the file is corrupt")
+    version = meta.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise CheckpointError(f"{path}: format version {version!r}, this dptrain reads "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}")
+    expected = meta.get("files") if version >= 2 else {"state.pt": meta.get("sha256")}
+    if not isinstance(expected, dict) or "state.pt" not in expected:
+        raise CheckpointError(f"{meta_path}: lists no checksums")
+    for name, digest in expected.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing")
+        actual = _sha256(file)
+        if actual != digest:
+            raise CheckpointError(f"{file}: checksum mismatch (expected {digest}, got "
+                                  f"{actual}): the file is corrupt")
     return Checkpoint(path=path, step=int(meta["step"]), meta=meta)
 
 

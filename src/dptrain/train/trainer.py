@@ -24,7 +24,7 @@ from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.calibration import expected_calibration_error, pop_calibration
 from dptrain.learners.protocol import Learner, Metrics
 from dptrain.train import checkpoint as ckpt
-from dptrain.train import loggers, rng
+from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
 from dptrain.train.progress import Progress
@@ -59,6 +59,12 @@ class TrainConfig:
     fail_at: FailAt | None = None
     record: dict[str, Any] = field(default_factory=dict)
     """What built this run (the CLI's options), stored for the record."""
+    run_record: dict[str, Any] = field(default_factory=dict)
+    """The options that define this run (JSON values: model and its sizes, data, learner
+    options...). Each checkpoint stores them with the Trainer's own (batch size, seed, the
+    model's parameter names and shapes); resuming from a checkpoint whose record differs is
+    refused, naming each difference, before anything is loaded: one run per directory. Leave
+    out what may change on resume (epochs, patience, ...)."""
 
     def __post_init__(self) -> None:
         for name in ("num_epochs", "batch_size", "keep_last", "eval_batch_size"):
@@ -115,6 +121,10 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
+        self._layout = ""
+        self._epoch_sums: Metrics = {}
+        """This rank's (sum, count) per train metric so far in the current epoch; saved in
+        mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     # ----------------------------------------------------------------------------- the loop
@@ -123,6 +133,8 @@ class Trainer:
         start = time.perf_counter()
         rng.seed_everything(self.config.seed + self.rank)
         self.learner.setup(self.runtime)
+        # Collective for sharded learners (the full state is gathered), so every rank does it.
+        self._layout = resume.parameter_layout(self.learner.model_state_dict())
         resumed_from = self._maybe_resume()
         if self.rank == 0:
             Path(self.config.out_dir).mkdir(parents=True, exist_ok=True)
@@ -141,7 +153,7 @@ class Trainer:
         return summary
 
     def _train_epoch(self) -> tuple[dict[str, float], int]:
-        sums: Metrics = {}
+        sums = self._epoch_sums  # empty, or restored from a mid-epoch checkpoint
         seen = 0
         progress = Progress(total=self.sampler.num_batches(self.local_batch),
                             done=self.sampler.position // self.local_batch,
@@ -161,6 +173,7 @@ class Trainer:
                     and self.sampler.num_remaining > 0:
                 self._save_checkpoint(epoch_done=False)
         progress.close()
+        self._epoch_sums = {}
         return _derived(dd.means(dd.reduce_sum_count(sums, self._metric_device())), "train"), seen
 
     def _evaluate(self) -> dict[str, float]:
@@ -219,6 +232,8 @@ class Trainer:
             (lambda: fail_at.maybe_kill_in_checkpoint(self.rank, self.step))
         if self.rank != 0 and midway is not None:
             midway()  # while rank 0 writes
+        # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
+        partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
         sharded = getattr(self.learner, "is_sharded", False)
         tmp = ckpt.begin(self.ckpt_dir, self.step) if self.rank == 0 else None
         if sharded:
@@ -231,9 +246,10 @@ class Trainer:
                      "sampler": self.sampler.state_dict(), "rng": rng_states,
                      "early_stopping": self.early.state_dict(), "history": self.history,
                      "trainer": {"epoch": self.epoch, "step": self.step,
-                                 "epoch_done": epoch_done}}
+                                 "epoch_done": epoch_done, "partial_sums": partial_sums}}
             meta = {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
                     "world_size": self.world_size, "config": self.config.to_json(),
+                    "run_record": self._run_record(), "sharded": sharded,
                     "saved_at": time.time()}
             final = ckpt.commit(tmp, state, meta, midway=midway)
             if is_best:
@@ -241,28 +257,71 @@ class Trainer:
             ckpt.prune(self.ckpt_dir, self.config.keep_last)
         dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
 
+    def _run_record(self) -> dict[str, Any]:
+        """What defines this run: the Trainer's own part and the caller's `run_record`."""
+        return resume.as_json({"batch_size": self.config.batch_size, "seed": self.config.seed,
+                               "sharded_checkpoint": getattr(self.learner, "is_sharded", False),
+                               resume.LAYOUT_KEY: self._layout, **self.config.run_record})
+
+    def _newest_listed(self) -> tuple[int, str] | None:
+        """(step, path) of this node's newest step folder, valid or not (first local rank)."""
+        if self.runtime.env.local_rank != 0:
+            return None
+        listed = ckpt.list_steps(self.ckpt_dir)
+        return None if not listed else (int(listed[0].name.split("-")[1]), str(listed[0]))
+
     def _maybe_resume(self) -> str | None:
-        """Load the newest valid checkpoint (rank 0 picks it, everyone loads it)."""
+        """Load the newest valid checkpoint any node holds; collective.
+
+        No shared filesystem is needed: the first rank of every node reports the newest valid
+        checkpoint in its own run directory, the newest wins (a restarted job's rank 0 may sit
+        on another node than the one that wrote it), and the rank that holds it reads it and
+        broadcasts it. Sharded checkpoints are read by every rank from the same path, so they
+        need a filesystem every node shares.
+        """
+        run_dir = Path(self.config.out_dir)
         if self.config.resume == "never":
+            held = [h for h in dd.all_gather_object(self._newest_listed()) if h is not None]
+            if held:
+                raise resume.refuse_never(run_dir, Path(max(held)[1]))
             return None
-        chosen = None
-        if self.rank == 0:
-            found = ckpt.latest_valid(self.ckpt_dir)
-            chosen = None if found is None else str(found.path)
-        chosen = dd.broadcast_object(chosen)
-        if chosen is None:
+        found = ckpt.latest_valid(self.ckpt_dir) if self.runtime.env.local_rank == 0 else None
+        offers = dd.all_gather_object(None if found is None else found.step)
+        ranked = [(step, -r) for r, step in enumerate(offers) if step is not None]
+        if not ranked:
             return None
-        found = ckpt.validate(Path(chosen))
-        state = found.load_state()
-        saved_world = found.meta["world_size"]
-        trainer = state["trainer"]
-        if saved_world != self.world_size and not trainer["epoch_done"]:
+        holder = -max(ranked)[1]  # newest step; on a tie the lowest rank
+        meta, path = dd.broadcast_object(
+            (found.meta, str(found.path)) if self.rank == holder else None, src=holder)
+        path = Path(path)
+        # Every rank decides from the same meta, so every rank raises alike: nobody hangs.
+        resume.check_same_run(run_dir, path, meta.get("run_record"), self._run_record())
+        saved_world = meta["world_size"]
+        if saved_world != self.world_size and not meta["epoch_done"]:
             raise CheckpointError(
-                f"{found.path}: saved mid-epoch on {saved_world} rank(s), this run has "
+                f"{path}: saved mid-epoch on {saved_world} rank(s), this run has "
                 f"{self.world_size}: its sampler position means other samples here. Resume "
                 f"with {saved_world} ranks, or from an epoch-end checkpoint")
+        loaded: tuple[str, Any] | None = None
+        if self.rank == holder:
+            try:
+                loaded = ("ok", found.load_state())
+            except Exception as err:  # noqa: BLE001 - told to every rank, then raised there
+                loaded = ("error", f"{path}/state.pt: cannot be loaded ({err})")
+        status, state = dd.broadcast_object(loaded, src=holder)
+        if status != "ok":
+            raise CheckpointError(state)
+        trainer = state["trainer"]
         if getattr(self.learner, "is_sharded", False):
-            self.learner.load_sharded(found.path / "sharded")
+            sees = dd.all_gather_object((path / "sharded").is_dir())
+            blind = [r for r, ok in enumerate(sees) if not ok]
+            if blind:
+                raise CheckpointError(
+                    f"{path / 'sharded'}: rank(s) {blind} cannot see this sharded checkpoint; "
+                    f"sharded (FSDP) checkpoints need a run directory on a filesystem every "
+                    f"node shares")
+        if getattr(self.learner, "is_sharded", False):
+            self.learner.load_sharded(path / "sharded")
         else:
             self.learner.load_state_dict(state["learner"])
         self.early.load_state_dict(state["early_stopping"])
@@ -273,6 +332,9 @@ class Trainer:
         else:
             self.epoch = trainer["epoch"]
             self.sampler.load_state_dict(state["sampler"])
+            # Same world size here (checked above), so rank r continues rank r's sums.
+            partial = trainer.get("partial_sums") or [{}] * self.world_size
+            self._epoch_sums = {name: tuple(sc) for name, sc in partial[self.rank].items()}
         if saved_world == self.world_size:
             rng.restore(state["rng"][self.rank])
         else:
@@ -280,9 +342,8 @@ class Trainer:
                         "but data order and RNG streams differ from an uninterrupted run",
                         saved_world, self.world_size)
             rng.seed_everything(self.config.seed + 1000 * self.epoch + self.rank)
-        dd.rank_zero_print(f"resumed from {found.path} (epoch {self.epoch + 1}, step "
-                           f"{self.step})")
-        return str(found.path)
+        dd.rank_zero_print(f"resumed from {path} (epoch {self.epoch + 1}, step {self.step})")
+        return str(path)
 
     # ------------------------------------------------------------------------------ the end
     def _summary(self, wall_s: float, samples: int, resumed_from: str | None) -> dict[str, Any]:
