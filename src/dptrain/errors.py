@@ -31,3 +31,9 @@ class RankFailure(DptrainError, RuntimeError):
     """A collective failed because another rank died, raised, or never arrived."""
 
     exit_code = 5
+
+
+class NonFiniteLoss(DptrainError, FloatingPointError):
+    """The loss was NaN or infinite on some rank; every rank stops before stepping."""
+
+    exit_code = 6

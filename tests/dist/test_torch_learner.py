@@ -173,6 +173,24 @@ def _ddp_checks(rank: int, world_size: int) -> dict:
     out["resume_lr"] = (first.optimizer.param_groups[0]["lr"],
                         second.optimizer.param_groups[0]["lr"])
     out["plain_state"] = a
+
+    # A NaN input on rank 1 only: its gradient reaches both ranks through the all-reduce, so
+    # both must stop at the same step with the parameters as they were, and can go on after.
+    learner = TorchLearner(_mlp(), mse, SGD)
+    learner.setup(rt)
+    _train(learner, _regression_data, range(1), rank, world_size)
+    before = copy.deepcopy(learner.model_state_dict())
+    x, y = _shard(_regression_data(1, 16), rank, world_size)
+    if rank == 1:
+        x = x.clone()
+        x[0, 0] = float("nan")
+    try:
+        learner.train_step((x, y))
+    except FloatingPointError as err:
+        out["nan_error"] = (type(err).__name__, str(err))
+    out["nan_unchanged"] = _max_diff(learner.model_state_dict(), before)
+    _train(learner, _regression_data, range(2, 3), rank, world_size)
+    out["nan_then_state"] = learner.model_state_dict()
     return out
 
 
@@ -294,6 +312,16 @@ def test_replicas_bit_identical_after_several_steps(world):
     for key in ("syncbn_state", "replica_state", "plain_state"):
         _same_on_both_ranks(world[1], key)
     assert all(r["replica_metrics"]["grad_norm"][1] == 1.0 for r in world[1])
+
+
+def test_a_nan_loss_on_one_rank_stops_every_rank_with_identical_parameters(world):
+    for rank, r in enumerate(world[1]):
+        kind, text = r.get("nan_error", (None, "no error raised"))
+        assert kind == "NonFiniteLoss", f"rank {rank}: {text}"
+        assert "train step 1: the loss is not finite on rank(s) 1" in text, text
+        assert ("(here: nan)" in text) == (rank == 1), text
+        assert r["nan_unchanged"] == 0.0, f"rank {rank} stepped with a NaN gradient"
+    _same_on_both_ranks(world[1], "nan_then_state")
 
 
 def test_ddp_resume_from_state_dict_is_bit_identical(world):

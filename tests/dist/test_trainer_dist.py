@@ -78,3 +78,26 @@ def test_sharded_evaluation_with_unequal_batch_counts_counts_every_sample_once()
     empty steps, or the other rank hangs (this test would time out)."""
     for r in run_world(_fsdp_eval, world_size=2, timeout_s=120):
         assert r["sharded"] == r["single"]
+
+
+def _eval_one_test_sample(rank: int, world_size: int) -> dict:
+    digits = load_digits()
+    # One test sample on two ranks: rank 1 evaluates nothing and has no metric names at all.
+    split = Split(name="digits-1", task="classification", num_classes=10, train=digits.train,
+                  test=ArrayDataset(*digits.test[:1]))
+    manual_seed(0)
+    learner = TagiLearner(tagi_mlp(64, 11, hidden=8), task="classification", num_classes=10)
+    runtime = init_distributed()
+    trainer = Trainer(learner, split, TrainConfig(out_dir=Path(tempfile.mkdtemp()),
+                                                  progress=False), runtime)
+    learner.setup(runtime)
+    result = trainer._evaluate()
+    return {"local_share": len(trainer.eval_sampler), "error": result["test_error"],
+            "names": sorted(result)}
+
+
+def test_evaluation_with_fewer_test_samples_than_ranks_agrees_on_every_rank():
+    results = run_world(_eval_one_test_sample, world_size=2, timeout_s=60)
+    assert [r["local_share"] for r in results] == [1, 0]
+    assert results[0] == {**results[1], "local_share": 1}
+    assert results[0]["error"] in (0.0, 1.0)

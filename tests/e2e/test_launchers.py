@@ -58,6 +58,35 @@ def test_a_raising_worker_stops_the_job_naming_the_rank():
     assert time.monotonic() - start < 60
 
 
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_an_expected_error_in_the_workers_is_one_line_and_not_retried(tmp_path):
+    """Both ranks raise DataError: the user sees one line with a rank, no traceback, the error's
+    exit status (3), and no restart although restarts were allowed."""
+    result = run(dptrain_cmd("train", "--dataset", f"csv:{tmp_path / 'missing.csv'}",
+                             "--out", str(tmp_path / "r"), "--max-restarts", "2"),
+                 timeout_s=120)
+    assert result.returncode == 3, result.output
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dptrain train: error: rank ") and \
+        lines[0].endswith(f"{tmp_path / 'missing.csv'}: file not found"), lines
+
+
+def test_an_expected_error_from_a_run_script_is_one_line(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import os\nfrom dptrain.errors import ConfigError\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    raise ConfigError('--widget must be positive, got -1')\n"
+                      "import time; time.sleep(60)\n")
+    result = run(dptrain_cmd("run", "-n", "2", str(script)), timeout_s=120)
+    assert result.returncode == 2, result.output
+    assert _error_lines(result.stderr) == \
+        ["dptrain run: error: rank 1: --widget must be positive, got -1"], result.stderr
+
+
 SLEEPER = """
 import os, sys, time
 open(os.path.join(sys.argv[1], f"{os.getpid()}.pid"), "w").close()
@@ -92,7 +121,12 @@ def test_signal_stops_every_worker(tmp_path, sig):
         pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
         proc.send_signal(sig)
         proc.wait(timeout=30)
-        assert proc.returncode != 0
+        log.flush()
+        output = (tmp_path / "launcher.log").read_text()
+        # Quietly, with the shell's convention: 128 + the signal's number.
+        assert proc.returncode == 128 + sig, output
+        assert f"dptrain run: stopped by {sig.name}" in output
+        assert "Traceback" not in output and "SignalException" not in output, output
         deadline = time.monotonic() + 10
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from dptrain.cli.main import main
-from tests._cli import dptrain_cmd, run
+from tests._cli import REPO, base_env, dptrain_cmd, run, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +56,9 @@ def test_a_rank_killed_mid_epoch_resumes_bit_exactly(tmp_path):
     killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:25",
                              "--max-restarts", "1"), timeout_s=240)
     assert killed.returncode == 0, killed.output
-    assert "[rank 1] fault injection: SIGKILL at step 25" in killed.output
+    assert "[rank 1] fault injection (attempt 0): SIGKILL at step 25" in killed.output
+    assert "dptrain train: rank 1 failed (exit code -9); restarting every worker (1 restart(s) " \
+        "left)" in killed.stderr
     assert "resumed from" in killed.stdout and "step-00000020" in killed.stdout
     assert _summary(tmp_path / "killed")["params_sha256"] == \
         _summary(tmp_path / "clean")["params_sha256"]
@@ -175,6 +180,31 @@ def test_sharded_fsdp_run_killed_mid_epoch_resumes_bit_exactly(tmp_path):
         _summary(tmp_path / "clean")["params_sha256"]
 
 
+def test_sigterm_stops_the_job_quietly_with_status_143(tmp_path):
+    """A scheduler's SIGTERM (a cancelled job, a pre-empted node) ends `dptrain train` as a shell
+    expects: status 128 + 15, one line, no traceback from torch's agent."""
+    out = tmp_path / "r"
+    log = (tmp_path / "train.log").open("w")
+    proc = subprocess.Popen(dptrain_cmd("train", "--epochs", "1000", "--no-progress", "--out",
+                                        str(out)), cwd=REPO, env=base_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "epochs.csv").exists():  # the workers are training
+            assert time.monotonic() < deadline and proc.poll() is None, \
+                (tmp_path / "train.log").read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        stop(proc)
+        log.close()
+    output = (tmp_path / "train.log").read_text()
+    assert proc.returncode == 143, output
+    assert "dptrain train: stopped by SIGTERM" in output
+    assert "Traceback" not in output, output
+
+
 def test_under_torchrun_without_out_a_restarted_attempt_finds_its_run_directory(tmp_path):
     """torchrun without --rdzv-id names no job (run id "none"): rank 0 names the directory after
     the agent's start time, which the restarted attempt shares, and so it resumes. (A job id, when
@@ -190,7 +220,7 @@ def test_under_torchrun_without_out_a_restarted_attempt_finds_its_run_directory(
     env = base_env(DPTRAIN_FAIL_AT="1:7", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     result = run(cmd, env=env, cwd=tmp_path, timeout_s=240)
     assert result.returncode == 0, result.output
-    assert "fault injection: SIGKILL at step 7" in result.output
+    assert "fault injection (attempt 0): SIGKILL at step 7" in result.output
     dirs = list((tmp_path / "runs").iterdir())
     assert len(dirs) == 1 and dirs[0].name.startswith("tagi-mlp-digits-"), dirs
     assert "resumed from" in result.stdout and "step-00000005" in result.stdout

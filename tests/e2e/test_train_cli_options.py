@@ -30,7 +30,7 @@ def test_dptrain_fail_at_variable_kills_that_rank_in_the_first_attempt_only(tmp_
     killed = run(dptrain_cmd(*args, "--out", str(tmp_path / "killed")), timeout_s=120,
                  env=base_env(DPTRAIN_FAIL_AT="0:3"))
     assert killed.returncode == -9, killed.output
-    assert "[rank 0] fault injection: SIGKILL at step 3" in killed.stdout
+    assert "[rank 0] fault injection (attempt 0): SIGKILL at step 3" in killed.stdout
     assert not (tmp_path / "killed" / "summary.json").exists()
 
     restarted = run(dptrain_cmd(*args, "--out", str(tmp_path / "restarted")), timeout_s=120,

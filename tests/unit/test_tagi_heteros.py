@@ -65,7 +65,7 @@ def test_single_observation_equals_closed_form():
 def test_agvi_moments_match_sampling():
     """Each Gaussian quantity the update is built from, estimated by sampling the model
     y = Y + V, V = sqrt(T) ε, T log-normal: the prior moments of V², Cov(T, V²), and V | y."""
-    m_y, v_y, m_t, v_t, y = 0.4, 0.3, 0.5, 0.02, 1.3
+    m_y, v_y, m_t, v_t = 0.4, 0.3, 0.5, 0.02
     n = 2_000_000
     g = gen(3)
     v_ln = math.log1p(v_t / m_t**2)

@@ -75,7 +75,8 @@ def test_flags_win_over_the_toml_file(tmp_path):
     (["--resume", "never", "--max-restarts", "1"], None, "which --resume never forbids"),
     (["--dropout", "1"], None, "dropout: expected a probability in [0, 1), got 1.0"),
     (["--dropout", "0.1"], None, "dropout is for the torch-mlp model, not tagi-mlp"),
-    (["--fail-at", "x"], None, "fail-at must be RANK:STEP with non-negative integers, got 'x'"),
+    (["--fail-at", "x"], None, "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative "
+                               "integers, comma-separated, got 'x'"),
 ])
 def test_bad_values_say_what_is_accepted(tmp_path, argv, toml, message):
     if toml is not None:
@@ -89,10 +90,35 @@ def test_bad_values_say_what_is_accepted(tmp_path, argv, toml, message):
 def test_fail_at_spec_is_validated():
     from dptrain.train import FailAt
 
-    assert FailAt.parse("1:25") == FailAt(1, 25)
-    for bad in ("x", "1", "1:", "-1:3", "a:b"):
-        with pytest.raises(ConfigError, match="fail-at must be RANK:STEP"):
+    from dptrain.train.faults import FaultPoint
+
+    assert FailAt.parse("1:25") == FailAt((FaultPoint(1, 25),))
+    several = FailAt.parse("1:37, 0:ckpt:90,1:90")
+    assert several.points == (FaultPoint(1, 37), FaultPoint(0, 90, in_checkpoint=True),
+                              FaultPoint(1, 90))
+    assert str(several) == "1:37,0:ckpt:90,1:90"
+    for bad in ("x", "1", "1:", "-1:3", "a:b", "1:2,", "1:x:3", "1:ckpt:", ""):
+        with pytest.raises(ConfigError, match="fail-at must be RANK:STEP or RANK:ckpt:STEP"):
             FailAt.parse(bad)
+
+
+def test_fail_at_takes_one_point_per_attempt(monkeypatch):
+    from dptrain.train import FailAt
+
+    fail_at = FailAt.parse("1:5,0:ckpt:8")
+    killed = []
+    monkeypatch.setattr("dptrain.train.faults._kill", lambda rank, where: killed.append(
+        (rank, where)))
+    for restart_count, expected in (("0", [(1, "at step 5")]),
+                                    ("1", [(0, "while writing the checkpoint of step 8")]),
+                                    ("2", [])):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart_count)
+        killed.clear()
+        for rank in (0, 1):
+            for step in range(10):
+                fail_at.maybe_kill(rank, step)
+                fail_at.maybe_kill_in_checkpoint(rank, step)
+        assert killed == expected, restart_count
 
 
 def test_missing_config_file_is_named(tmp_path):

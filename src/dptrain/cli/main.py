@@ -23,12 +23,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rank_prefix() -> str:
+    """"rank R: " when this process is one of several (started by torchrun, mpirun, srun), so
+    that each rank's line says whose it is."""
+    from dptrain.dist import resolve_env
+
+    try:
+        env = resolve_env()
+    except DptrainError:  # the launcher's variables may be what was wrong
+        return ""
+    return f"rank {env.rank}: " if env.is_distributed else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except DptrainError as err:
-        print(f"dptrain {args.command}: error: {err}", file=sys.stderr)
+        text = str(err)
+        prefix = _rank_prefix()
+        if text.startswith(prefix):  # the message names its rank already
+            prefix = ""
+        print(f"dptrain {args.command}: error: {prefix}{text}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"dptrain {args.command}: interrupted", file=sys.stderr)

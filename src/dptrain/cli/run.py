@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
-from dptrain.errors import ConfigError
+from dptrain.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss
+
+LAUNCHER_REPORTS = "DPTRAIN_LAUNCHER_REPORTS"
+"""Set for the workers of `launch`: it prints their expected errors, so a worker only records
+one (every rank would otherwise print the same line)."""
+
+EXPECTED_EXIT_CODES = {cls.exit_code: cls.__name__
+                       for cls in (ConfigError, DataError, CheckpointError, NonFiniteLoss)}
+"""Exit statuses of workers that ended on an expected error (see dptrain.cli.worker)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -113,6 +124,8 @@ def _worker_environment(nproc: int) -> None:
     # dial its ports (gloo: "connection refused"; pytorch/pytorch#135712): give each attempt a
     # store of its own.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Our workers record expected errors quietly: launch() prints them once.
+    os.environ[LAUNCHER_REPORTS] = "1"
 
 
 def _text(message: object) -> str:
@@ -140,23 +153,94 @@ def _describe(message: object) -> str:
     return f"Its error: {message}" if message else "It died without a Python error (signal?)."
 
 
+def expected_error(failure: object) -> str | None:
+    """The one-line text of a failure a worker recorded as an expected error (a bad option,
+    dataset or checkpoint: see dptrain.cli.worker), else None."""
+    name = EXPECTED_EXIT_CODES.get(getattr(failure, "exitcode", None))
+    text = _text(getattr(failure, "message", None))
+    prefix = f"{name}: "
+    return text[len(prefix):] if name and text.startswith(prefix) else None
+
+
+def _agent_class(command: str):
+    """torch's local agent, told two things about our workers: an expected error is not worth
+    a restart (it would fail the same way), and each restart is announced in one line."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    if not hasattr(LocalElasticAgent, "_monitor_workers"):  # a private hook; torch may move it
+        return LocalElasticAgent
+
+    class DptrainAgent(LocalElasticAgent):
+        def _monitor_workers(self, worker_group):
+            result = super()._monitor_workers(worker_group)
+            if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures:
+                rank, failure = root_cause(result.failures)
+                if expected_error(failure) is not None:
+                    self._remaining_restarts = 0
+                elif self._remaining_restarts > 0:
+                    print(f"dptrain {command}: rank {rank} failed (exit code "
+                          f"{failure.exitcode}); restarting every worker "
+                          f"({self._remaining_restarts} restart(s) left)", file=sys.stderr,
+                          flush=True)
+            return result
+
+    return DptrainAgent
+
+
+@contextlib.contextmanager
+def _our_agent(command: str) -> Iterator[None]:
+    """Run torchrun's launcher with `_agent_class` and without the agent's own failure log
+    lines (we report the failure once, below), unless the user asked for LOGLEVEL."""
+    import torch.distributed.launcher.api as launcher_api
+
+    original = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = _agent_class(command)
+    quieted = []
+    if "LOGLEVEL" not in os.environ:
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if name.startswith("torch.distributed.elastic") and \
+                    isinstance(logger, logging.Logger):
+                quieted.append((logger, logger.level))
+                logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original
+        for logger, level in quieted:
+            logger.setLevel(level)
+
+
 def launch(argv: list[str], nproc: int, command: str = "run", *,
            rdzv_endpoint: str | None = None, nnodes: int = 1) -> int:
-    """Run torchrun's agent with `argv` in this process; 0, or 1 naming the failed rank."""
+    """Run torchrun's agent with `argv` in this process. Returns 0; an expected error's own
+    status with its one line; 1 naming the failed rank; or 128 + N after signal N (SIGTERM,
+    Ctrl-C), the agent having stopped the workers."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     _worker_environment(nproc)
     argv = [*_network_interface(rdzv_endpoint, nnodes), *argv]
     try:
-        run(get_args_parser().parse_args(argv))
+        with _our_agent(command):
+            run(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
         rank, failure = root_cause(err.failures)
+        text = expected_error(failure)
+        if text is not None:
+            print(f"dptrain {command}: error: rank {rank}: {text}", file=sys.stderr)
+            return failure.exitcode
         others = sorted(set(err.failures) - {rank})
         also = f" (rank(s) {', '.join(map(str, others))} failed after it)" if others else ""
         print(f"dptrain {command}: rank {rank} failed first (exit code {failure.exitcode})"
               f"{also} and the job was stopped. {_describe(failure.message)}", file=sys.stderr)
         return 1
+    except SignalException as err:
+        signum = int(err.sigval)
+        print(f"dptrain {command}: stopped by {signal.Signals(signum).name}; the workers were "
+              f"stopped too", file=sys.stderr)
+        return 128 + signum
     return 0
 
 

@@ -78,8 +78,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="run directory (default runs/<model>-<dataset>-<job id or time>)")
     p.add_argument("--resume", choices=("auto", "never"), help="default auto")
     p.add_argument("--monitor", help="metric for early stopping (default test_error/test_rmse)")
-    p.add_argument("--fail-at", metavar="RANK:STEP",
-                   help="fault injection: that rank SIGKILLs itself at that step, once")
+    p.add_argument("--fail-at", metavar="RANK:STEP,...",
+                   help="fault injection: that rank SIGKILLs itself before that step (RANK:ckpt:"
+                        "STEP: while writing that step's checkpoint); one point per attempt")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
     p.set_defaults(func=train_command)
 

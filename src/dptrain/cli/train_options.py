@@ -93,7 +93,8 @@ class TrainOptions:
     max_restarts: int = 0
     """torchrun restarts after a failure; each restart resumes from the last checkpoint."""
     fail_at: str = ""
-    """RANK:STEP: that rank SIGKILLs itself before that step, in the first attempt only."""
+    """Fault injection: RANK:STEP (that rank SIGKILLs itself before that step) or RANK:ckpt:STEP
+    (while writing that step's checkpoint); comma-separated, one point per attempt of the job."""
     progress: bool = True
     timeout: float = 300.0
     """Seconds a collective (or the start-up rendezvous) waits for a missing rank before every

@@ -16,7 +16,12 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dptrain.cli.train_options import TrainOptions, run_record
-from dptrain.cli.worker import exit_without_teardown
+from dptrain.cli.worker import (
+    exit_interrupted,
+    exit_with_expected_error,
+    exit_without_teardown,
+    is_expected,
+)
 from dptrain.data import Split, load_dataset
 from dptrain.dist import (
     Runtime,
@@ -27,12 +32,12 @@ from dptrain.dist import (
     setup_logging,
 )
 from dptrain.dist.job import launcher_start_time, stamp
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, DptrainError
 from dptrain.learners import TorchLearner
 from dptrain.learners.models import ModelOptions, check_input, get_model, num_outputs
 from dptrain.learners.models import build_model as build_registered
 from dptrain.learners.tagi_learner import TagiLearner
-from dptrain.learners.user_model import is_model_file, load_user_model, model_file_sha256
+from dptrain.learners.user_model import is_model_file, load_user_model
 from dptrain.train import FailAt, TrainConfig, Trainer
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.rng import seed_everything
@@ -194,7 +199,14 @@ def _headline(summary: dict, split: Split) -> str:
 @record
 def main() -> None:
     options = TrainOptions.from_json(Path(sys.argv[1]).read_text())
-    run_training(options)
+    try:
+        run_training(options)
+    except DptrainError as err:
+        if not is_expected(err):
+            raise
+        exit_with_expected_error(err, "train")
+    except KeyboardInterrupt:
+        exit_interrupted()
     exit_without_teardown(0)  # see there: torch can abort a finished worker in teardown
 
 

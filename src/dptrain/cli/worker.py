@@ -1,7 +1,9 @@
 """What `dptrain run` starts on every process: the user's script under torch's `@record`.
 
 `@record` writes a raising script's traceback to the file the elastic agent reads, so the job's
-failure report names the rank *and* shows its error.
+failure report names the rank *and* shows its error. An expected error (`DptrainError` other
+than `RankFailure`: a bad option, dataset or checkpoint) is recorded without a traceback and
+ends the process with the error's own exit status, so the launcher prints it once, as one line.
 """
 
 from __future__ import annotations
@@ -9,12 +11,17 @@ from __future__ import annotations
 import atexit
 import os
 import runpy
+import signal
 import sys
+from typing import NoReturn
 
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
+
+from dptrain.cli.run import LAUNCHER_REPORTS
+from dptrain.errors import DptrainError, RankFailure
 
 
-def exit_without_teardown(code: int = 0) -> None:
+def exit_without_teardown(code: int = 0) -> NoReturn:
     """Run the atexit handlers, flush, and leave before C++ static destructors run.
 
     With torch 2.13 a finished 2-rank gloo job that used DistributedDataParallel aborts in
@@ -28,6 +35,29 @@ def exit_without_teardown(code: int = 0) -> None:
     os._exit(code)
 
 
+def is_expected(err: BaseException) -> bool:
+    """An error dptrain raised on purpose about the user's input: one line, no traceback.
+    `RankFailure` is not one: it follows from another rank's failure, whose traceback helps."""
+    return isinstance(err, DptrainError) and not isinstance(err, RankFailure)
+
+
+def exit_with_expected_error(err: DptrainError, command: str) -> NoReturn:
+    """Record `err` for the launcher (or print it, when no dptrain launcher reads the record)
+    and leave with its exit status."""
+    if os.environ.get(LAUNCHER_REPORTS) and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        ErrorHandler().record_exception(err)
+    else:
+        rank = os.environ.get("RANK", "?")
+        print(f"dptrain {command}: error: rank {rank}: {err}", file=sys.stderr)
+    exit_without_teardown(err.exit_code)
+
+
+def exit_interrupted() -> NoReturn:
+    """Ctrl-C, or the agent passing on its SIGINT to stop the job: the launcher says so once,
+    so leave without a traceback, with the shell's status for SIGINT."""
+    exit_without_teardown(128 + signal.SIGINT)
+
+
 @record
 def main() -> None:
     script = sys.argv[1]
@@ -38,6 +68,12 @@ def main() -> None:
     except SystemExit as done:
         if done.code not in (None, 0):
             raise
+    except DptrainError as err:
+        if not is_expected(err):
+            raise
+        exit_with_expected_error(err, "run")
+    except KeyboardInterrupt:
+        exit_interrupted()
     exit_without_teardown(0)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -169,21 +168,20 @@ def all_gather_object(obj: T) -> list[T]:
 
 def reduce_sum_count(metrics: Mapping[str, tuple[float, float]],
                      device: torch.device | str = "cpu") -> dict[str, tuple[float, float]]:
-    """Global `(sum, count)` per metric name with a single all-reduce in float64.
+    """Global `(sum, count)` per metric name, summed in float64 over the ranks.
 
     Means computed from these are exact over all samples, however unevenly the ranks hold them.
-    Every rank must pass the same names; a mismatch raises instead of mixing up metrics.
+    Ranks may pass different names (a rank with no test samples passes none): the result has
+    every name any rank passed, a rank without it counting `(0, 0)`. The names are agreed first
+    because an all-reduce of buffers of different lengths errors in gloo or hangs.
     """
-    names = sorted(metrics)
-    values = [v for name in names for v in metrics[name]]
-    key = float(zlib.crc32("\0".join(names).encode()))
-    buf = torch.tensor([*values, key, 1.0], dtype=torch.float64, device=device)
-    if is_initialized():
-        guarded("all_reduce(metrics)", buf.numel(), lambda: dist.all_reduce(buf))
-    *totals, key_sum, ranks = buf.tolist()
-    if key_sum != key * ranks:
-        raise RankFailure(f"rank {get_rank()}: ranks reduced different metric names; this rank "
-                          f"had {names}")
+    if not is_initialized():
+        return {name: (float(s), float(c)) for name, (s, c) in sorted(metrics.items())}
+    names = sorted(set().union(*all_gather_object(sorted(metrics))))
+    values = [float(v) for name in names for v in metrics.get(name, (0.0, 0.0))]
+    buf = torch.tensor(values, dtype=torch.float64, device=device)
+    guarded("all_reduce(metrics)", buf.numel(), lambda: dist.all_reduce(buf))
+    totals = buf.tolist()
     return {name: (totals[2 * i], totals[2 * i + 1]) for i, name in enumerate(names)}
 
 

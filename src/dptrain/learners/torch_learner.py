@@ -37,8 +37,15 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel
 
-from dptrain.dist import Runtime, broadcast_tensors, get_world_size, is_initialized
-from dptrain.errors import CheckpointError, ConfigError
+from dptrain.dist import (
+    Runtime,
+    all_reduce_flat,
+    broadcast_tensors,
+    get_rank,
+    get_world_size,
+    is_initialized,
+)
+from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.protocol import Batch, Metrics
@@ -219,8 +226,9 @@ class TorchLearner:
         Each micro-batch loss is weighted by its share of the batch, so the accumulated gradient
         is that of the mean loss over the whole batch however unevenly it splits. Returns
         `loss` (sum over samples), `error` or `mse`, and `grad_norm` (pre-clipping,
-        count 1) when clipping. Raises FloatingPointError before stepping if the loss is not
-        finite, leaving the parameters untouched.
+        count 1) when clipping. Raises `NonFiniteLoss` (a FloatingPointError) on every rank
+        before stepping if the loss is not finite on any rank, leaving the parameters untouched
+        and identical everywhere.
         """
         wrapped = self._require_setup()
         x, y = self._to_device(_check_batch(batch, allow_empty=False))
@@ -241,16 +249,32 @@ class TorchLearner:
             stats = self._batch_stats(out, loss, yi)
             totals = stats if totals is None else totals + stats
         loss_sum, metric_sum = totals.tolist()  # the step's one host sync
-        if not math.isfinite(loss_sum):
-            raise FloatingPointError(
-                f"train step {self.num_optimizer_steps}: the loss is {loss_sum} on this rank; the "
-                f"parameters were not updated. Check the inputs for NaN/inf, or lower the "
-                f"learning rate")
+        self._check_finite(loss_sum)
         grad_norm = self._optimizer_step()
         metrics = self._metrics(loss_sum, metric_sum, n, y)
         if grad_norm is not None:
             metrics["grad_norm"] = (grad_norm, 1.0)
         return metrics
+
+    def _check_finite(self, loss_sum: float) -> None:
+        """Raise on every rank when any rank's loss is not finite.
+
+        The gradients were already all-reduced in backward, so one rank's NaN is now in every
+        rank's gradient: a rank that checked only its own loss would step with it while the
+        other stopped, and the replicas would part. One tiny all-reduce tells every rank which
+        ranks saw a non-finite loss, and all of them stop at the same step.
+        """
+        bad = torch.zeros(get_world_size(), dtype=torch.float64)
+        bad[get_rank()] = 0.0 if math.isfinite(loss_sum) else 1.0
+        if self._distributed:
+            all_reduce_flat([bad])
+        ranks = [r for r, flag in enumerate(bad.tolist()) if flag]
+        if ranks:
+            mine = f" (here: {loss_sum})" if get_rank() in ranks else ""
+            raise NonFiniteLoss(
+                f"train step {self.num_optimizer_steps}: the loss is not finite on rank(s) "
+                f"{', '.join(map(str, ranks))}{mine}; no rank updated the parameters. Check the "
+                f"inputs for NaN/inf, or lower the learning rate")
 
     def eval_step(self, batch: Batch) -> Metrics:
         """Metrics of the current model on `batch` under no_grad; changes nothing.

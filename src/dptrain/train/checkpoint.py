@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,15 @@ def begin(directory: Path, step: int) -> Path:
     return tmp
 
 
-def commit(tmp: Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write `state` and `meta` into `tmp` and atomically publish it as `step-N`."""
+def commit(tmp: Path, state: dict[str, Any], meta: dict[str, Any], *,
+           midway: Callable[[], None] | None = None) -> Path:
+    """Write `state` and `meta` into `tmp` and atomically publish it as `step-N`.
+
+    `midway` runs between the state and the completion marker (fault injection kills there).
+    """
     torch.save(state, tmp / "state.pt")
+    if midway is not None:
+        midway()
     meta = {**meta, "format_version": FORMAT_VERSION, "files": _file_digests(tmp)}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     _fsync_tree(tmp)

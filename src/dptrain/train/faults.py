@@ -1,8 +1,17 @@
-"""Fault injection for users: kill one rank at one step, in the first attempt only.
+"""Fault injection for users: kill a rank at a chosen step, one kill per attempt of the job.
 
-`--fail-at RANK:STEP` (or `DPTRAIN_FAIL_AT=RANK:STEP` for scripts) makes that rank SIGKILL itself
-just before it runs global step STEP, unless torchrun has already restarted the job, so a run
-with `--max-restarts 1` dies once and must resume exactly from its last checkpoint.
+`--fail-at SPEC` (or `DPTRAIN_FAIL_AT=SPEC` for scripts) takes comma-separated points, one per
+attempt of the job: the first point applies to the first attempt, the second to the attempt
+torchrun starts after that failure (`TORCHELASTIC_RESTART_COUNT` 1), and so on; an attempt past
+the last point runs undisturbed. A point is
+
+    RANK:STEP        that rank SIGKILLs itself just before it runs global step STEP
+    RANK:ckpt:STEP   that rank SIGKILLs itself in the middle of writing the checkpoint of step
+                     STEP (rank 0: its state written, not yet published)
+
+so `--fail-at 1:37,0:ckpt:90 --max-restarts 2` dies twice and must resume exactly each time.
+Points should not go backwards: an attempt resumes at its last checkpoint, at or before the
+previous point's step, and a point before that is never reached.
 """
 
 from __future__ import annotations
@@ -14,27 +23,69 @@ from dataclasses import dataclass
 from dptrain.errors import ConfigError
 
 ENV_VAR = "DPTRAIN_FAIL_AT"
+_FORMAT = "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative integers, comma-separated"
+
+
+@dataclass(frozen=True)
+class FaultPoint:
+    rank: int
+    step: int
+    in_checkpoint: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.rank}:ckpt:{self.step}" if self.in_checkpoint else f"{self.rank}:{self.step}"
+
+
+def _point(text: str, spec: str) -> FaultPoint:
+    parts = [p.strip() for p in text.split(":")]
+    in_checkpoint = len(parts) == 3 and parts[1] == "ckpt"
+    if in_checkpoint:
+        parts = [parts[0], parts[2]]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"{_FORMAT}, got {spec!r}")
+    return FaultPoint(int(parts[0]), int(parts[1]), in_checkpoint)
+
+
+def attempt() -> int:
+    """Which attempt of the job this is: 0, then 1 after torchrun's first restart, ..."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 @dataclass(frozen=True)
 class FailAt:
-    rank: int
-    step: int
+    points: tuple[FaultPoint, ...]
 
     @classmethod
     def parse(cls, spec: str) -> FailAt:
-        rank, sep, step = spec.partition(":")
-        if not sep or not rank.strip().isdigit() or not step.strip().isdigit():
-            raise ConfigError(f"fail-at must be RANK:STEP with non-negative integers, got {spec!r}")
-        return cls(int(rank), int(step))
+        if not spec.strip():
+            raise ConfigError(f"{_FORMAT}, got {spec!r}")
+        return cls(tuple(_point(text, spec) for text in spec.split(",")))
 
     @classmethod
     def from_env(cls) -> FailAt | None:
         spec = os.environ.get(ENV_VAR)
         return cls.parse(spec) if spec else None
 
+    def __str__(self) -> str:
+        return ",".join(map(str, self.points))
+
+    def _current(self) -> FaultPoint | None:
+        n = attempt()
+        return self.points[n] if n < len(self.points) else None
+
     def maybe_kill(self, rank: int, step: int) -> None:
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if first_attempt and rank == self.rank and step == self.step:
-            print(f"[rank {rank}] fault injection: SIGKILL at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        """Before global step `step`: die if this attempt's point is (rank, step)."""
+        point = self._current()
+        if point and not point.in_checkpoint and (point.rank, point.step) == (rank, step):
+            _kill(rank, f"at step {step}")
+
+    def maybe_kill_in_checkpoint(self, rank: int, step: int) -> None:
+        """Midway through writing the checkpoint of `step`."""
+        point = self._current()
+        if point and point.in_checkpoint and (point.rank, point.step) == (rank, step):
+            _kill(rank, f"while writing the checkpoint of step {step}")
+
+
+def _kill(rank: int, where: str) -> None:
+    print(f"[rank {rank}] fault injection (attempt {attempt()}): SIGKILL {where}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -78,7 +78,7 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["out_dir"] = str(self.out_dir)
-        out["fail_at"] = None if self.fail_at is None else f"{self.fail_at.rank}:{self.fail_at.step}"
+        out["fail_at"] = None if self.fail_at is None else str(self.fail_at)
         return out
 
 
@@ -232,6 +232,11 @@ class Trainer:
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
         """Collective: every rank contributes its RNG state; rank 0 writes atomically."""
         rng_states = dd.all_gather_object(rng.capture())
+        fail_at = self.config.fail_at
+        midway = None if fail_at is None else \
+            (lambda: fail_at.maybe_kill_in_checkpoint(self.rank, self.step))
+        if self.rank != 0 and midway is not None:
+            midway()  # while rank 0 writes
         # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
         partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
         sharded = getattr(self.learner, "is_sharded", False)
@@ -251,7 +256,7 @@ class Trainer:
                     "world_size": self.world_size, "config": self.config.to_json(),
                     "run_record": self._run_record(), "sharded": sharded,
                     "saved_at": time.time()}
-            final = ckpt.commit(tmp, state, meta)
+            final = ckpt.commit(tmp, state, meta, midway=midway)
             if is_best:
                 ckpt.copy_as_best(final, self.ckpt_dir)
             ckpt.prune(self.ckpt_dir, self.config.keep_last)

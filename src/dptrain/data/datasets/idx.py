@@ -15,7 +15,6 @@ import torch
 
 from dptrain.data.datasets._files import existing_dir, find_file, read_bytes
 from dptrain.data.datasets.base import (
-    Normalisation,
     Split,
     check_labels,
     image_classification_split,
