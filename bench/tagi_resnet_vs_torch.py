@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
+import shlex
 import resource
 import statistics
 import sys
@@ -92,6 +94,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.width, args.steps, args.repeats = 8, 2, 1
+    load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {"tagi": [], "torch": []}
     for r in range(args.repeats):
         for kind in (("tagi", "torch") if r % 2 == 0 else ("torch", "tagi")):
@@ -109,6 +112,9 @@ def main() -> None:
     if not args.quick:
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps({
+            "command": shlex.join(sys.orig_argv),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
             "config": vars(args), "summary": summary, "tagi_step_over_torch_step": ratio,
             "runs": runs, "cpu": cpu_model(), "python": platform.python_version(),
             "torch": torch.__version__}, indent=1))
