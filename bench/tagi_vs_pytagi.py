@@ -375,6 +375,11 @@ def summarize(rates: dict, errors: dict, network: str = "fnn") -> list[dict]:
     return sorted(rows, key=lambda r: (PHASES.index(r["phase"]), r["batch_size"]))
 
 
+def _rate(samples_per_s: float) -> str:
+    """Whole samples/s, or two decimals for the ResNet18's few samples/s."""
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.2f}"
+
+
 def format_table(rows: list[dict]) -> str:
     with_torch = "torch_sgd_samples_per_s" in rows[0]
     extra = f"{'torch SGD/s':>13}{'ours/torch time':>17}" if with_torch else ""
@@ -383,8 +388,8 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         target = "" if r["target_ratio"] is None else (
             f">={r['target_ratio']:g}x " + ("ok" if r["meets_target"] else "MISS"))
-        line = (f"{r['phase']:<6}{r['batch_size']:>6}{r['ours_samples_per_s']:>16,.0f}"
-                f"{r['pytagi_samples_per_s']:>11,.0f}{r['ratio']:>7.2f}x{target:>12}"
+        line = (f"{r['phase']:<6}{r['batch_size']:>6}{_rate(r['ours_samples_per_s']):>16}"
+                f"{_rate(r['pytagi_samples_per_s']):>11}{r['ratio']:>7.2f}x{target:>12}"
                 f"{r['ratio_of_best']:>11.2f}x")
         if with_torch:
             line += f"{r['torch_sgd_samples_per_s']:>13,.0f}{r['torch_time_ratio']:>16.2f}x"
