@@ -91,6 +91,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args()
     if args.quick:
         args.width, args.steps, args.repeats = 8, 2, 1
@@ -110,12 +111,14 @@ def main() -> None:
         print(f"  {kind:5s} {s['samples_per_s']:8.1f} samples/s   peak {s['peak_rss_mb']:7.0f} MB")
     print(f"  a TAGI step costs {ratio:.2f}x a torch SGD step")
     if not args.quick:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps({
-            "command": shlex.join(sys.orig_argv),
+        args.output.parent.mkdir(exist_ok=True)
+        args.output.write_text(json.dumps({
+            "command": " ".join(([f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"]
+                                 if "OMP_WAIT_POLICY" in os.environ else [])
+                                + [shlex.join(sys.orig_argv)]),
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
-            "config": vars(args), "summary": summary, "tagi_step_over_torch_step": ratio,
+            "config": vars(args) | {"output": str(args.output.name)}, "summary": summary, "tagi_step_over_torch_step": ratio,
             "runs": runs, "cpu": cpu_model(), "python": platform.python_version(),
             "torch": torch.__version__}, indent=1))
 
