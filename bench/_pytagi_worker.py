@@ -69,7 +69,8 @@ def build(network):
 
 
 class PytagiBench:
-    """One network (FNN 784-128-128-11, the CNN or the ResNet18) per batch size, on a fixed data set.
+    """One network (FNN 784-128-128-11, the CNN or the ResNet18) per batch size, on a fixed
+    data set.
 
     pytagi sizes its state buffers at the first forward and crashes on a later, larger batch,
     so each batch size gets its own network (the dptrain side does the same, for symmetry).

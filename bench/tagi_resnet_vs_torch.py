@@ -118,7 +118,8 @@ def main() -> None:
                                 + [shlex.join(sys.orig_argv)]),
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
-            "config": vars(args) | {"output": str(args.output.name)}, "summary": summary, "tagi_step_over_torch_step": ratio,
+            "config": vars(args) | {"output": str(args.output.name)}, "summary": summary,
+            "tagi_step_over_torch_step": ratio,
             "runs": runs, "cpu": cpu_model(), "python": platform.python_version(),
             "torch": torch.__version__}, indent=1))
 

@@ -463,7 +463,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None,
                    help=f"JSON results (default {DEFAULT_OUTPUT.relative_to(BENCH_DIR.parent)})")
     args = p.parse_args(argv)
-    # pytagi trains the CNN at ~100-140 samples/s here, the ResNet18 at ~0.2 samples/s (one
+    # pytagi trains the CNN at ~100-140 samples/s here, the ResNet18 at 0.2-0.35 samples/s (one
     # batch-32 step takes minutes): fewer samples keep a run to minutes.
     defaults = {"fnn": (7, 4096, 8192), "cnn": (5, 1024, 2048), "resnet18": (3, 32, 0)}
     quick = {"fnn": (3, 1024, 2048), "cnn": (2, 256, 512), "resnet18": (1, 32, 0)}
