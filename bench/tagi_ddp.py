@@ -153,8 +153,11 @@ def main() -> None:
     if args.quick:
         return
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    # The OpenMP wait policy changes the 2-thread figures a lot on a loaded machine.
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    env_prefix = f"OMP_WAIT_POLICY={policy} " if policy else ""
     args.output.write_text(json.dumps({
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "command": env_prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "hardware": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
         "repeats": args.repeats, "network": args.network,
