@@ -170,9 +170,8 @@ CASES = {
     # Options (ConfigError or argparse, 2).
     "unknown-dataset": Case(lambda t, o: ["--dataset", "imagenet"], 2,
                             "unknown dataset 'imagenet'; accepted:"),
-    "model-dataset-mismatch": Case(lambda t, o: ["--dataset", "digits-image"], 2,
-                                   "model tagi-mlp takes flat inputs; dataset digits-image has "
-                                   "shape (1, 8, 8)"),
+    "model-dataset-mismatch": Case(lambda t, o: ["--model", "tagi-cnn", "--dataset", "toy1d"],
+                                   2, "dataset toy1d: model tagi-cnn takes images"),
     "batch-not-divisible": Case(lambda t, o: ["--nproc", "2", "--batch-size", "33"], 2,
                                 "batch-size 33 must be divisible by "),
     "epochs-zero": Case(lambda t, o: ["--epochs", "0"], 2,
@@ -184,7 +183,7 @@ CASES = {
     "fail-at-garbage": Case(lambda t, o: ["--fail-at", "1-25"], 2,
                             "fail-at must be RANK:STEP or RANK:ckpt:STEP"),
     "config-unknown-key": Case(lambda t, o: ["--config", str(_write(
-        t / "c.toml", b"epochs = 1\nwidth = 3\n"))], 2, "c.toml: unknown key 'width'"),
+        t / "c.toml", b"epochs = 1\nwdith = 3\n"))], 2, "c.toml: unknown key 'wdith'"),
     "learning-rate-diverges": Case(lambda t, o: ["--model", "torch-mlp", "--lr", "1e30"], 6,
                                   "dptrain train: error: train step 1: the loss is not finite on "
                                   "rank(s) 0 (here: nan); no rank updated the parameters",

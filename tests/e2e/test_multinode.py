@@ -155,7 +155,7 @@ def test_dptrain_train_across_two_hosts_resumes_bit_exactly_after_a_kill(
                       "--fail-at", "1:12", "--max-restarts", "1")
         for rank, disk in enumerate(disks)], tmp_path)
     assert nodes.wait(120) == [0, 0], nodes.output(0) + nodes.output(1)
-    assert "[rank 1] fault injection: SIGKILL at step 12" in nodes.output(1)
+    assert "[rank 1] fault injection (attempt 0): SIGKILL at step 12" in nodes.output(1)
     assert "resumed from" in nodes.output(0) + nodes.output(1)
     assert not list(mount_point.iterdir()), "the hosts' disks stay their own"
     assert list((disks[0] / "run" / "checkpoints").glob("step-*"))
