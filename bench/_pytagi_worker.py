@@ -2,7 +2,7 @@
 
 Protocol: one JSON object per line in, one per line out.
     {"cmd": "init", "data": "<path.npz>", "batch_sizes": [32, 256], "threads": 2, "sigma_v": 0.05,
-     "network": "fnn" | "cnn"}
+     "network": "fnn" | "cnn" | "resnet18"}
         -> {"pytagi": "0.2.1", "numpy": "..."}
     {"cmd": "train" | "eval", "batch_size": 32, "num_steps": 128}   -> {"seconds": 0.71}
     {"cmd": "test_error", "batch_size": 32}                          -> {"test_error": 0.02}
@@ -22,13 +22,45 @@ import traceback
 import numpy as np
 import pytagi
 from pytagi import Utils
-from pytagi.nn import AvgPool2d, Conv2d, Linear, OutputUpdater, ReLU, Sequential
+from pytagi.nn import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, Linear, MixtureReLU,
+                       OutputUpdater, ReLU, ResNetBlock, Sequential)
 
 NUM_CLASSES = 10
 
 
+def resnet18(num_outputs=11, gain=0.083):
+    """pytagi's CIFAR-10 ResNet18 on 32x32x3 inputs, with the layer plan of dptrain's
+    tagi-resnet18: 3x3 conv (no bias) - MixtureReLU - BatchNorm2d everywhere, the first block
+    of stages 2-4 with stride 2, padding_type 2 and a 2x2 stride-2 projection shortcut (conv -
+    MixtureReLU - BatchNorm2d), AvgPool2d(4), Linear(512, 11); weight gains 0.083, as on our
+    side (with gain 1 the variances of 20 layers grow out of float range)."""
+
+    def conv(cin, cout, k=3, stride=1, padding=1, padding_type=1, **extra):
+        return [Conv2d(cin, cout, k, bias=False, stride=stride, padding=padding,
+                       padding_type=padding_type, gain_weight=gain, **extra),
+                MixtureReLU(), BatchNorm2d(cout)]
+
+    def block(cin, cout, stride):
+        pt = 2 if stride == 2 else 1
+        main = LayerBlock(*conv(cin, cout, stride=stride, padding_type=pt), *conv(cout, cout))
+        if stride == 1 and cin == cout:
+            return ResNetBlock(main)
+        return ResNetBlock(main, LayerBlock(*conv(cin, cout, k=2, stride=2, padding=0)))
+
+    layers = conv(3, 64, in_width=32, in_height=32)
+    cin = 64
+    for stage, cout in enumerate((64, 128, 256, 512)):
+        layers += [block(cin, cout, 1 if stage == 0 else 2), block(cout, cout, 1)]
+        cin = cout
+    return Sequential(*layers, AvgPool2d(4),
+                      Linear(512, num_outputs, gain_weight=gain, gain_bias=gain))
+
+
 def build(network):
-    """The benchmark's networks, as pytagi's examples write them (flat 784-value inputs)."""
+    """The benchmark's networks, as pytagi's examples write them (flat inputs: 784 values,
+    or 3x32x32 channel-major for the ResNet18)."""
+    if network == "resnet18":
+        return resnet18()
     if network == "cnn":  # pytagi's MNIST classification CNN
         return Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
                           AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
@@ -37,7 +69,8 @@ def build(network):
 
 
 class PytagiBench:
-    """One network (FNN 784-128-128-11 or the CNN) per batch size, on a fixed data set.
+    """One network (FNN 784-128-128-11, the CNN or the ResNet18) per batch size, on a fixed
+    data set.
 
     pytagi sizes its state buffers at the first forward and crashes on a later, larger batch,
     so each batch size gets its own network (the dptrain side does the same, for symmetry).
@@ -46,8 +79,8 @@ class PytagiBench:
     def __init__(self, data: str, batch_sizes: list[int], threads: int, sigma_v: float,
                  network: str = "fnn"):
         arrays = np.load(data)
-        self.x_train = np.ascontiguousarray(arrays["x_train"], dtype=np.float32)  # (N, 784)
-        self.x_test = np.ascontiguousarray(arrays["x_test"], dtype=np.float32)  # (M, 784)
+        self.x_train = np.ascontiguousarray(arrays["x_train"], dtype=np.float32)  # (N, 784|3072)
+        self.x_test = np.ascontiguousarray(arrays["x_test"], dtype=np.float32)  # (M, 784|3072)
         self.y_test = arrays["y_test"]
         self.utils = Utils()
         obs, idx, self.num_obs = self.utils.label_to_obs(arrays["y_train"], NUM_CLASSES)

@@ -29,13 +29,17 @@ def machine_line(record: dict) -> str:
     return "; ".join(parts)
 
 
+def _rate(samples_per_s: float) -> str:
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.2f}"
+
+
 def tagi_vs_pytagi_table(record: dict) -> str:
     rows = ["| phase | batch | dptrain.tagi | pytagi | ratio | target | best |",
             "|---|---:|---:|---:|---:|---|---:|"]
     for r in record["results"]:
         verdict = "met" if r["meets_target"] else "missed"
-        rows.append(f"| {r['phase']} | {r['batch_size']} | {r['ours_samples_per_s']:,.0f} | "
-                    f"{r['pytagi_samples_per_s']:,.0f} | {r['ratio']:.1f}x | "
+        rows.append(f"| {r['phase']} | {r['batch_size']} | {_rate(r['ours_samples_per_s'])} | "
+                    f"{_rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x | "
                     f"≥{r['target_ratio']:g}x {verdict} | {r['ratio_of_best']:.1f}x |")
     return "\n".join(rows)
 

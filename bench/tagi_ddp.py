@@ -123,6 +123,7 @@ def main() -> None:
         args.output = DEFAULT_OUTPUT.with_name("tagi_ddp_cnn.json")
     if args.quick:
         args.steps, args.warmup, args.repeats = 10, 2, 1
+    load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     for repeat in range(args.repeats):
         order = list(CONFIGS) if repeat % 2 == 0 else list(reversed(CONFIGS))
@@ -152,12 +153,17 @@ def main() -> None:
     if args.quick:
         return
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    # The OpenMP wait policy changes the 2-thread figures a lot on a loaded machine.
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    env_prefix = f"OMP_WAIT_POLICY={policy} " if policy else ""
     args.output.write_text(json.dumps({
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "command": env_prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "hardware": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
-        "repeats": args.repeats, "network": args.network, "results": table,
-        "target_ratio": TARGET}, indent=1))
+        "repeats": args.repeats, "network": args.network,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
+        "results": table, "target_ratio": TARGET}, indent=1))
     print(f"wrote {args.output}")
 
 

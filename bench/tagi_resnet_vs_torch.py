@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
+import shlex
 import resource
 import statistics
 import sys
@@ -89,9 +91,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args()
     if args.quick:
         args.width, args.steps, args.repeats = 8, 2, 1
+    load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {"tagi": [], "torch": []}
     for r in range(args.repeats):
         for kind in (("tagi", "torch") if r % 2 == 0 else ("torch", "tagi")):
@@ -107,9 +111,15 @@ def main() -> None:
         print(f"  {kind:5s} {s['samples_per_s']:8.1f} samples/s   peak {s['peak_rss_mb']:7.0f} MB")
     print(f"  a TAGI step costs {ratio:.2f}x a torch SGD step")
     if not args.quick:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps({
-            "config": vars(args), "summary": summary, "tagi_step_over_torch_step": ratio,
+        args.output.parent.mkdir(exist_ok=True)
+        args.output.write_text(json.dumps({
+            "command": " ".join(([f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"]
+                                 if "OMP_WAIT_POLICY" in os.environ else [])
+                                + [shlex.join(sys.orig_argv)]),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
+            "config": vars(args) | {"output": str(args.output.name)}, "summary": summary,
+            "tagi_step_over_torch_step": ratio,
             "runs": runs, "cpu": cpu_model(), "python": platform.python_version(),
             "torch": torch.__version__}, indent=1))
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tagi_vs_pytagi.py                  # FNN, writes bench/results/*.json
     .venv/bin/python bench/tagi_vs_pytagi.py --network cnn    # pytagi's MNIST CNN
+    .venv/bin/python bench/tagi_vs_pytagi.py --network resnet18   # pytagi's CIFAR-10 ResNet18
     .venv/bin/python bench/tagi_vs_pytagi.py --quick          # smoke run, writes nothing
 
 Networks (--network), both with the HRC head (10 classes, 11 outputs, 4 observations per
@@ -12,6 +13,9 @@ sample, index-based output update, sigma_v 0.05), on a fixed synthetic MNIST-sha
        AvgPool2d(3,2)-Conv2d(16,32,5)-ReLU-AvgPool2d(3,2)-Linear(512,100)-ReLU-Linear(100,11);
        also times a torch SGD step (cross-entropy, autograd) on the same network and batch,
        for the ratio of our TAGI step to it
+  resnet18  pytagi's CIFAR-10 ResNet18 (the registry's tagi-resnet18, gains 0.083) on
+       synthetic 32x32x3 images, batch 32, train only: pytagi takes minutes per step here, so
+       a figure is one step, there is no eval phase and no test error (see bench/README.md)
 Two measurements per batch size:
   train  forward + update_using_indices + backward + step, per batch
   eval   eval-mode forward
@@ -53,12 +57,17 @@ NUM_CLASSES = 10
 TARGETS = {"fnn": {("train", 32): 4.0, ("eval", 32): 4.0, ("train", 256): 8.0,
                    ("eval", 256): 8.0},
            "cnn": {("train", 32): 10.0, ("eval", 32): 5.0, ("train", 256): 10.0,
-                   ("eval", 256): 5.0}}
+                   ("eval", 256): 5.0},
+           "resnet18": {("train", 32): 10.0}}
 NETWORK_NAMES = {
     "fnn": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
     "cnn": "CNN Conv2d(1,16,4,padding=1)-ReLU-AvgPool2d(3,2)-Conv2d(16,32,5)-ReLU-"
            "AvgPool2d(3,2)-Linear(512,100)-ReLU-Linear(100,11), 28x28 inputs",
+    "resnet18": "pytagi's CIFAR-10 ResNet18 (3x3 conv-MixtureReLU-BatchNorm2d, 8 ResNet "
+                "blocks, AvgPool2d(4), Linear(512,11)), gains 0.083, 32x32x3 inputs",
 }
+#: Values per sample of each network's input.
+INPUT_SIZE = {"fnn": 784, "cnn": 784, "resnet18": 3 * 32 * 32}
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
                    "KMP_BLOCKTIME", "OPENBLAS_CORETYPE")
@@ -73,21 +82,23 @@ class Runner(Protocol):
 
 
 # ---------------------------------------------------------------------------------- data
-def make_dataset(seed: int, num_train: int, num_test: int) -> dict[str, np.ndarray]:
+def make_dataset(seed: int, num_train: int, num_test: int, size: int = 784
+                 ) -> dict[str, np.ndarray]:
     """MNIST-shaped synthetic digits: 10 fixed random stroke patterns, each sample one of them
     with 20 % of its ink dropped and 5 % salt noise, as uint8 images normalised like MNIST.
 
     Learnable (both libraries reach a low test error within the timed steps, which the run
-    reports as a check that the timed step really trains). x: (N, 784) float32, y: (N,) int64.
+    reports as a check that the timed step really trains). x: (N, size) float32 (784 values,
+    or 3072 for the 32x32x3 images of the ResNet18), y: (N,) int64.
     """
     rng = np.random.default_rng(seed)
-    ink = rng.random((NUM_CLASSES, 784)) < 0.19  # about MNIST's share of non-zero pixels
-    prototypes = np.where(ink, rng.integers(128, 256, (NUM_CLASSES, 784)), 0)
+    ink = rng.random((NUM_CLASSES, size)) < 0.19  # about MNIST's share of non-zero pixels
+    prototypes = np.where(ink, rng.integers(128, 256, (NUM_CLASSES, size)), 0)
 
     def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
         labels = rng.integers(0, NUM_CLASSES, n)
-        kept = prototypes[labels] * (rng.random((n, 784)) < 0.8)
-        salt = (rng.random((n, 784)) < 0.05) * rng.integers(0, 256, (n, 784))
+        kept = prototypes[labels] * (rng.random((n, size)) < 0.8)
+        salt = (rng.random((n, size)) < 0.05) * rng.integers(0, 256, (n, size))
         images = np.maximum(kept, salt).astype(np.uint8)
         x = (images.astype(np.float32) / 255.0 - MNIST_MEAN) / MNIST_STD
         return x.astype(np.float32), labels.astype(np.int64)
@@ -108,6 +119,10 @@ def tempfile_npz(arrays: dict[str, np.ndarray]) -> Iterator[Path]:
 
 # ---------------------------------------------------------------------------------- ours
 def tagi_network(network: str, num_outputs: int) -> tagi.Sequential:
+    if network == "resnet18":
+        from dptrain.learners.models import ModelOptions, build_model
+        return build_model("tagi-resnet18", (3, 32, 32), num_outputs,
+                           ModelOptions(gain_weight=0.083, gain_bias=0.083))
     if network == "cnn":
         return tagi.Sequential(
             tagi.Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), tagi.ReLU(),
@@ -118,9 +133,11 @@ def tagi_network(network: str, num_outputs: int) -> tagi.Sequential:
 
 
 def as_network_input(x: np.ndarray, network: str) -> torch.Tensor:
-    """(N, 784) → (N, 784) for the FNN, (N, 1, 28, 28) images for the CNN."""
+    """(N, 784) → (N, 784) for the FNN, (N, 1, 28, 28) images for the CNN; (N, 3072) →
+    (N, 3, 32, 32) for the ResNet18 (channel-major, as pytagi reads its flat input)."""
     tensor = torch.from_numpy(x)
-    return tensor.view(-1, 1, 28, 28) if network == "cnn" else tensor
+    shapes = {"cnn": (-1, 1, 28, 28), "resnet18": (-1, 3, 32, 32)}
+    return tensor.view(shapes[network]) if network in shapes else tensor
 
 
 class OursBench:
@@ -295,16 +312,21 @@ def measure(runners: dict[str, Runner], args: argparse.Namespace) -> dict:
     Within a repeat the libraries take turns on each (batch size, phase), and which one goes
     first alternates between repeats, so slow drift in the machine's load hits both alike.
     """
-    rates = {(phase, b): {lib: [] for lib in runners} for phase in PHASES for b in args.batch_sizes}
+    phases = PHASES if args.network != "resnet18" else ("train",)  # pytagi: minutes per step
+    rates = {(phase, b): {lib: [] for lib in runners} for phase in phases for b in args.batch_sizes}
     for b in args.batch_sizes:  # first-call allocations and caches, untimed
-        for runner in runners.values():
-            runner.train(b, args.warmup_steps)
-            runner.eval(b, args.warmup_steps)
+        for lib, runner in runners.items():
+            # A pytagi ResNet18 step takes minutes, which its first-call allocations do not
+            # change: warming it up would only double the run.
+            if lib == "pytagi" and args.network == "resnet18":
+                continue
+            for phase in phases:
+                getattr(runner, phase)(b, args.warmup_steps)
     libs = list(runners)
     for rep in range(args.repeats):
         order = libs if rep % 2 == 0 else libs[::-1]
         for b in args.batch_sizes:
-            for phase in PHASES:
+            for phase in phases:
                 num_samples = args.train_samples if phase == "train" else args.eval_samples
                 num_steps = max(1, num_samples // b)
                 for lib in order:
@@ -348,9 +370,14 @@ def summarize(rates: dict, errors: dict, network: str = "fnn") -> list[dict]:
             "target_ratio": target,
             "meets_target": None if target is None else ratio >= target,
             "ours_runs": ours, "pytagi_runs": ref,
-            "ours_test_error": errors[b]["ours"], "pytagi_test_error": errors[b]["pytagi"],
+            "ours_test_error": errors[b].get("ours"), "pytagi_test_error": errors[b].get("pytagi"),
         })
     return sorted(rows, key=lambda r: (PHASES.index(r["phase"]), r["batch_size"]))
+
+
+def _rate(samples_per_s: float) -> str:
+    """Whole samples/s, or two decimals for the ResNet18's few samples/s."""
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.2f}"
 
 
 def format_table(rows: list[dict]) -> str:
@@ -361,8 +388,8 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         target = "" if r["target_ratio"] is None else (
             f">={r['target_ratio']:g}x " + ("ok" if r["meets_target"] else "MISS"))
-        line = (f"{r['phase']:<6}{r['batch_size']:>6}{r['ours_samples_per_s']:>16,.0f}"
-                f"{r['pytagi_samples_per_s']:>11,.0f}{r['ratio']:>7.2f}x{target:>12}"
+        line = (f"{r['phase']:<6}{r['batch_size']:>6}{_rate(r['ours_samples_per_s']):>16}"
+                f"{_rate(r['pytagi_samples_per_s']):>11}{r['ratio']:>7.2f}x{target:>12}"
                 f"{r['ratio_of_best']:>11.2f}x")
         if with_torch:
             line += f"{r['torch_sgd_samples_per_s']:>13,.0f}{r['torch_time_ratio']:>16.2f}x"
@@ -423,10 +450,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None,
                    help="interleaved repeats (median taken; default 7 fnn, 5 cnn)")
     p.add_argument("--train-samples", type=int, default=None,
-                   help="samples per train figure (default 4096 fnn, 1024 cnn)")
+                   help="samples per train figure (default 4096 fnn, 1024 cnn, 32 resnet18)")
     p.add_argument("--eval-samples", type=int, default=None,
                    help="samples per eval figure (default 8192 fnn, 2048 cnn)")
-    p.add_argument("--warmup-steps", type=int, default=8)
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="untimed steps per runner first (default 8, 1 for resnet18)")
     p.add_argument("--threads", type=int, default=2, help="threads for each library")
     p.add_argument("--sigma-v", type=float, default=0.05, help="observation noise std")
     p.add_argument("--seed", type=int, default=0)
@@ -435,11 +463,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=None,
                    help=f"JSON results (default {DEFAULT_OUTPUT.relative_to(BENCH_DIR.parent)})")
     args = p.parse_args(argv)
-    # pytagi trains the CNN at ~100-140 samples/s here: fewer samples keep a run to minutes.
-    defaults = (7, 4096, 8192) if args.network == "fnn" else (5, 1024, 2048)
-    if args.quick:
-        defaults = (3, 1024, 2048) if args.network == "fnn" else (2, 256, 512)
-    for name, value in zip(("repeats", "train_samples", "eval_samples"), defaults):
+    # pytagi trains the CNN at ~100-140 samples/s here, the ResNet18 at 0.2-0.35 samples/s (one
+    # batch-32 step takes minutes): fewer samples keep a run to minutes.
+    defaults = {"fnn": (7, 4096, 8192), "cnn": (5, 1024, 2048), "resnet18": (3, 32, 0)}
+    quick = {"fnn": (3, 1024, 2048), "cnn": (2, 256, 512), "resnet18": (1, 32, 0)}
+    defaults = (quick if args.quick else defaults)[args.network]
+    if args.network == "resnet18":
+        if args.batch_sizes == [32, 256]:
+            args.batch_sizes = [32]
+        if args.warmup_steps is None:
+            args.warmup_steps = 1
+    for name, value in zip(("repeats", "train_samples", "eval_samples", "warmup_steps"),
+                           (*defaults, 8)):
         if getattr(args, name) is None:
             setattr(args, name, value)
     if not args.quick and args.output is None:
@@ -467,7 +502,9 @@ def run(args: argparse.Namespace, data: dict[str, np.ndarray]) -> tuple[dict, di
         print(f"dptrain.tagi (torch {torch.__version__}) vs pytagi {versions['pytagi']}, "
               f"{args.threads} threads each, {args.repeats} interleaved repeats", flush=True)
         rates = measure(runners, args)
-        errors = {b: {lib: r.test_error(b) for lib, r in runners.items()}
+        # A pass over the test set would take pytagi an hour on the ResNet18: no check there.
+        errors = {b: ({} if args.network == "resnet18" else
+                      {lib: r.test_error(b) for lib, r in runners.items()})
                   for b in args.batch_sizes}
     finally:
         worker.close()
@@ -494,14 +531,18 @@ def report(args: argparse.Namespace, rows: list[dict], versions: dict,
                      for k, v in vars(args).items()}
                     | {"network": NETWORK_NAMES[args.network],
                        "head": "HRC, 10 classes, 11 outputs, 4 observations/sample",
-                       "data": "synthetic MNIST-shaped, 8192 train / 2048 test, fixed seed"},
+                       "data": ("synthetic 32x32x3 images, 512 train, fixed seed"
+                                if args.network == "resnet18" else
+                                "synthetic MNIST-shaped, 8192 train / 2048 test, fixed seed")},
         "results": rows,
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    data = make_dataset(args.seed, num_train=8192, num_test=2048)
+    size = INPUT_SIZE[args.network]
+    data = (make_dataset(args.seed, num_train=512, num_test=64, size=size)
+            if args.network == "resnet18" else make_dataset(args.seed, 8192, 2048, size))
     load_before = os.getloadavg()
     if load_before[0] > 0.5:
         print(f"warning: 1-minute load average {load_before[0]:.2f} before starting: other "
@@ -511,9 +552,10 @@ def main(argv: list[str] | None = None) -> None:
     print("\nsamples/s, median over repeats; ratio = ours/pytagi of the medians; best ratio = "
           "of each library's fastest repeat")
     print(format_table(rows))
-    print("test error after the timed steps (check that both really train): " + ", ".join(
-        f"b{b} " + " ".join(f"{lib} {err:.1%}" for lib, err in e.items())
-        for b, e in errors.items()))
+    if any(errors.values()):
+        print("test error after the timed steps (check that both really train): " + ", ".join(
+            f"b{b} " + " ".join(f"{lib} {err:.1%}" for lib, err in e.items())
+            for b, e in errors.items()))
     if args.output is not None:
         write_json(args.output, report(args, rows, versions, load_before))
         print(f"wrote {args.output}")
