@@ -30,6 +30,7 @@ from dptrain.data import load_toy1d_hetero
 from dptrain.tagi import EvenExp, Linear, OutputUpdater, ReLU, Sequential, manual_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import command_line  # noqa: E402
 from tagi_vs_pytagi import (BENCH_DIR, PYTAGI_VENV, git_describe, hardware,  # noqa: E402
                             setup_pytagi_venv, write_json)
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{'met' if speedup >= SPEED_TARGET else 'NOT met'}); log-likelihood "
           f"{'>=' if ll_ok else '<'} pytagi's")
     if not args.quick:
-        write_json(args.output, {"command": "bench/tagi_heteros_vs_pytagi.py", "seeds": args.seeds,
+        write_json(args.output, {"command": command_line(), "seeds": args.seeds,
                                  "epochs": args.epochs, "batch_size": args.batch_size,
                                  "per_seed": rows, "summary": summary, "speed_ratio": speedup,
                                  "hardware": hardware(), "git": git_describe(),

@@ -18,7 +18,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import shlex
 import resource
 import statistics
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_model  # noqa: E402
+from _machine import command_line, cpu_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tagi_resnet_vs_torch.json"
 
@@ -113,9 +112,7 @@ def main() -> None:
     if not args.quick:
         args.output.parent.mkdir(exist_ok=True)
         args.output.write_text(json.dumps({
-            "command": " ".join(([f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"]
-                                 if "OMP_WAIT_POLICY" in os.environ else [])
-                                + [shlex.join(sys.orig_argv)]),
+            "command": command_line(("OMP_WAIT_POLICY",)),
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
             "config": vars(args) | {"output": str(args.output.name)}, "summary": summary,

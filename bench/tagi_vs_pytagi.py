@@ -34,10 +34,8 @@ import contextlib
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -48,6 +46,8 @@ import numpy as np
 import torch
 
 from dptrain import tagi
+
+from _machine import command_line  # the bench folder is the script's, so on sys.path
 
 BENCH_DIR = Path(__file__).resolve().parent
 PYTAGI_VENV = BENCH_DIR / ".venv-pytagi"
@@ -517,8 +517,7 @@ def report(args: argparse.Namespace, rows: list[dict], versions: dict,
     return {
         "benchmark": "tagi_vs_pytagi",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join([f"{k}={shlex.quote(os.environ[k])}" for k in THREAD_ENV_VARS
-                             if k in os.environ] + [shlex.join(sys.orig_argv)]),
+        "command": command_line(THREAD_ENV_VARS),
         "git": git_describe(),
         "hardware": hardware(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
