@@ -58,7 +58,7 @@ def test_classification_reports_calibration(model, tmp_path):
     assert (out / "reliability.png").stat().st_size > 1000
 
 
-def test_heteroscedastic_is_refused_for_classification_and_torch_models(tmp_path, capsys):
+def test_heteroscedastic_is_refused_where_the_output_has_no_noise_pair(tmp_path, capsys):
     status = main(["train", "--heteroscedastic", "--nproc", "1", "--out", str(tmp_path / "a")])
     assert status != 0
     assert "--heteroscedastic is for regression" in capsys.readouterr().err
@@ -66,3 +66,7 @@ def test_heteroscedastic_is_refused_for_classification_and_torch_models(tmp_path
                    "--dataset", "toy1d", "--out", str(tmp_path / "b")])
     assert status != 0
     assert "heteroscedastic is for TAGI models" in capsys.readouterr().err
+    status = main(["train", "--heteroscedastic", "--model", "tagi-cnn", "--nproc", "1",
+                   "--dataset", "toy1d", "--out", str(tmp_path / "c")])
+    assert status == 2
+    assert "tagi-cnn does not" in capsys.readouterr().err

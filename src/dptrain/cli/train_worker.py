@@ -59,6 +59,9 @@ def build_model(options: TrainOptions, split: Split) -> tuple[Any, str]:
     if options.heteroscedastic and classification:
         raise ConfigError(f"--heteroscedastic is for regression; dataset {options.dataset} "
                           f"is a classification task")
+    if options.heteroscedastic and options.model in ("tagi-cnn", "tagi-resnet18"):
+        raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
+                          f"tagi-mlp or your own model file have it, {options.model} does not")
     if is_model_file(options.model):
         built = load_user_model(options.model, split.input_shape, task=split.task,
                                 num_classes=split.num_classes,
