@@ -51,7 +51,8 @@ def main(name: str, batch: int, steps: int, warmup: int, out_dir: str) -> None:
 
     for i in range(warmup):
         step(i)
-    torch.distributed.barrier()
+    if config.world_size > 1:
+        torch.distributed.barrier()
     start = time.perf_counter()
     for i in range(steps):
         step(i)
