@@ -158,3 +158,24 @@ def test_env_shows_the_share_the_policy_and_a_consistent_hint():
     lines = thread_lines(bound, busy, launched=True)
     assert "the launcher bound this rank to 1 CPU(s)" in lines[0]
     assert "oversubscribed: 1 x 2 threads on 1 core(s)" in lines[1]
+
+
+def test_an_explicit_thread_count_wins_and_reaches_the_workers(monkeypatch):
+    import torch
+
+    from dptrain.cli.run import use_threads
+    from dptrain.cli.train_options import RESUMABLE_OPTIONS, TrainOptions
+    from dptrain.errors import ConfigError
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    before = torch.get_num_threads()
+    try:
+        use_threads(1)
+        assert os.environ["OMP_NUM_THREADS"] == "1" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError, match="--threads must be >= 1"):
+        use_threads(-2)
+    with pytest.raises(ConfigError, match="threads: expected an integer >= 0"):
+        TrainOptions(threads=-1)
+    assert "threads" in RESUMABLE_OPTIONS  # how a run is executed, not what it computes

@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rdzv-id", default="dptrain", help="job id shared by all nodes")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart every worker up to K times after a failure (default 0)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads per process (default: OMP_NUM_THREADS if set, else "
+                        "each process's share of the cores this one may use)")
     p.add_argument("script", help="python script to run on every process")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run_command)
@@ -268,6 +271,19 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
     return 0
 
 
+def use_threads(threads: int) -> None:
+    """An explicit thread count (`--threads`): for this process and, through OMP_NUM_THREADS,
+    for every process it starts and every rank's process group (which then keeps it)."""
+    import torch
+
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1 (0: the default share), got {threads}")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def run_command(args: argparse.Namespace) -> int:
+    if args.threads:
+        use_threads(args.threads)
     return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
                   nnodes=args.nnodes)

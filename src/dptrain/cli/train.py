@@ -7,6 +7,7 @@ import re
 from dataclasses import fields, replace
 from pathlib import Path
 
+from dptrain.cli.run import use_threads
 from dptrain.cli.train_options import (
     MODELS,
     TrainOptions,
@@ -57,6 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("keep-last", int, "checkpoints kept"),
             ("patience", int, "early stopping patience in epochs (0: off)"),
             ("max-restarts", int, "restart the job up to K times; each restart resumes"),
+            ("threads", int, "intra-op threads per process (0: OMP_NUM_THREADS if set, else "
+                             "each process's share of the cores it may use)"),
             ("timeout", float, "seconds a collective waits for a missing rank")):
         default = docs[flag.replace("-", "_")][0]
         p.add_argument(f"--{flag}", type=kind, help=f"{text} (default {default})")
@@ -135,6 +138,8 @@ def train_command(args: argparse.Namespace) -> int:
     env = resolve_env()
     check_batch_split(options.batch_size, *job_world_size(options, env))
     options = with_run_dir(options, env)
+    if options.threads:
+        use_threads(options.threads)
     one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
     if env.launcher == "single" and not one_process:
         # A bad dataset, model file or model/dataset pair is one line here, before any worker
