@@ -1,10 +1,12 @@
 """One rank of bench/threads_oversubscription.py, started by `dptrain run` or torchrun.
 
-    python bench/_threads_worker.py NETWORK BATCH STEPS WARMUP OUT_DIR
+    python bench/_threads_worker.py NETWORK BATCH SECONDS WARMUP OUT_DIR
 
-Times STEPS data-parallel TAGI training steps (sum mode, HRC head, synthetic inputs) after
-WARMUP, with the threads and OpenMP wait policy its launcher gave it, and writes
-OUT_DIR/rank<r>.json: seconds, the thread count torch used, OMP_NUM_THREADS, OMP_WAIT_POLICY.
+Times data-parallel TAGI training steps (sum mode, HRC head, synthetic inputs) after WARMUP
+steps, with the threads and OpenMP wait policy its launcher gave it, and writes
+OUT_DIR/rank<r>.json: steps, seconds, the thread count torch used, OMP_WAIT_POLICY. The ranks
+agree on a step count that lasts about SECONDS (from a few calibration steps, the slowest
+rank's), so a configuration that collapses costs the benchmark seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 
 import torch
+
+CALIBRATION_STEPS = 5
 
 
 def network(name: str, num_outputs: int):
@@ -29,7 +33,7 @@ def network(name: str, num_outputs: int):
                       Linear(128, num_outputs)), (784,)
 
 
-def main(name: str, batch: int, steps: int, warmup: int, out_dir: str) -> None:
+def main(name: str, batch: int, budget_s: float, warmup: int, out_dir: str) -> None:
     from dptrain.tagi import DDPConfig, DDPSequential, HRCSoftmax, OutputUpdater, manual_seed
 
     config = DDPConfig.from_env(backend="gloo")
@@ -51,18 +55,23 @@ def main(name: str, batch: int, steps: int, warmup: int, out_dir: str) -> None:
 
     for i in range(warmup):
         step(i)
+    start = time.perf_counter()
+    for i in range(CALIBRATION_STEPS):
+        step(i)
+    per_step = torch.tensor([(time.perf_counter() - start) / CALIBRATION_STEPS])
     if config.world_size > 1:
-        torch.distributed.barrier()
+        torch.distributed.all_reduce(per_step, op=torch.distributed.ReduceOp.MAX)
+    steps = max(CALIBRATION_STEPS, round(budget_s / per_step.item()))
     start = time.perf_counter()
     for i in range(steps):
         step(i)
     seconds = time.perf_counter() - start
     Path(out_dir, f"rank{config.rank}.json").write_text(json.dumps({
-        "seconds": seconds, "torch_threads": torch.get_num_threads(),
+        "steps": steps, "seconds": seconds, "torch_threads": torch.get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "cpus": sorted(os.sched_getaffinity(0))}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5])
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

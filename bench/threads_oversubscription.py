@@ -1,6 +1,6 @@
 """Threads per rank and OpenMP's wait policy: the default share vs an oversubscribed run.
 
-    .venv/bin/python bench/threads_oversubscription.py           # ~4 min, writes the JSON
+    .venv/bin/python bench/threads_oversubscription.py           # ~3-4 min, writes the JSON
     .venv/bin/python bench/threads_oversubscription.py --quick   # smoke run, writes nothing
     .venv/bin/python bench/threads_oversubscription.py --network cnn   # pytagi's MNIST CNN
 
@@ -53,18 +53,19 @@ CLEARED = ("OMP_", "GOMP_", "KMP_", "MKL_NUM_THREADS", "RANK", "WORLD_SIZE", "LO
            "MASTER_", "TORCHELASTIC_", "OMPI_", "PMI_", "SLURM_")
 
 
-def measure(name: str, network: str, batch: int, steps: int, warmup: int) -> dict:
+def measure(name: str, network: str, batch: int, seconds: float, warmup: int) -> dict:
     launcher, ranks, extra = CONFIGS[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEARED)}
     env.update(extra, GLOO_SOCKET_IFNAME="lo")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*launcher, str(WORKER), network, str(batch), str(steps), str(warmup), tmp]
+        cmd = [*launcher, str(WORKER), network, str(batch), str(seconds), str(warmup), tmp]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             sys.exit(f"{name}: {' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(ranks)]
-    seconds = max(r["seconds"] for r in per_rank)
-    return {"samples_per_s": ranks * batch * steps / seconds,
+    slowest = max(r["seconds"] for r in per_rank)
+    return {"samples_per_s": ranks * batch * per_rank[0]["steps"] / slowest,
+            "steps": per_rank[0]["steps"],
             "torch_threads": [r["torch_threads"] for r in per_rank],
             "OMP_WAIT_POLICY": per_rank[0]["OMP_WAIT_POLICY"]}
 
@@ -74,39 +75,40 @@ def main() -> None:
     parser.add_argument("--network", choices=("fnn", "cnn"), default="fnn")
     parser.add_argument("--batch", type=int, help="samples per rank per step "
                         "(default 32 fnn, 32 cnn)")
-    parser.add_argument("--steps", type=int, help="timed steps (default 400 fnn, 40 cnn)")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="timed seconds per measurement (the ranks agree on a step count "
+                             "from 5 calibration steps)")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="few steps, no results file")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     args.batch = args.batch or 32
-    args.steps = args.steps or (400 if args.network == "fnn" else 40)
     if args.output is None:
         args.output = DEFAULT_OUTPUT if args.network == "fnn" else \
             DEFAULT_OUTPUT.with_name("threads_oversubscription_cnn.json")
     names = list(CONFIGS)
     if args.quick:
-        args.steps, args.warmup, args.repeats = max(1, args.steps // 10), 2, 1
+        args.seconds, args.warmup, args.repeats = 1.0, 2, 1
         names = names[:3]
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {name: [] for name in names}
     started = time.monotonic()
     for repeat in range(args.repeats):
         for name in (names if repeat % 2 == 0 else names[::-1]):
-            runs[name].append(measure(name, args.network, args.batch, args.steps,
+            runs[name].append(measure(name, args.network, args.batch, args.seconds,
                                       args.warmup))
             row = runs[name][-1]
             print(f"repeat {repeat + 1}/{args.repeats} {name}: {row['samples_per_s']:.0f} "
-                  f"samples/s (threads {row['torch_threads']}, OMP_WAIT_POLICY "
-                  f"{row['OMP_WAIT_POLICY']})", flush=True)
+                  f"samples/s, {row['steps']} steps (threads {row['torch_threads']}, "
+                  f"OMP_WAIT_POLICY {row['OMP_WAIT_POLICY']})", flush=True)
     table = {name: {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
                     "per_repeat": [round(r["samples_per_s"]) for r in rs],
                     "torch_threads": rs[0]["torch_threads"],
                     "OMP_WAIT_POLICY": rs[0]["OMP_WAIT_POLICY"]} for name, rs in runs.items()}
     base = table["2 ranks, default share"]["samples_per_s"]
     label = "tagi-cnn (pytagi's MNIST CNN)" if args.network == "cnn" else "FNN 784-128-128-11"
-    print(f"\n{label} + HRC, {args.batch} samples per rank per step, {args.steps} steps, "
+    print(f"\n{label} + HRC, {args.batch} samples per rank per step, ~{args.seconds:g} s timed, "
           f"median of {args.repeats}; {os.cpu_count()} CPUs, load average before "
           f"{load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
     print(f"{'configuration':<36}{'threads':>9}{'wait policy':>13}{'samples/s':>11}"
@@ -139,7 +141,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "command": command_line(), "hardware": {"cpu": cpu_model(), "cores": os.cpu_count()},
-        "network": args.network, "batch_per_rank": args.batch, "steps": args.steps,
+        "network": args.network, "batch_per_rank": args.batch, "seconds": args.seconds,
         "repeats": args.repeats,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},

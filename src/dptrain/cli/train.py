@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import fields, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from dptrain.cli.train_options import (
     resolve,
 )
 from dptrain.dist import DistEnv, resolve_env
+from dptrain.dist.threads import env_threads, this_process_share
 from dptrain.dist.job import job_id, stamp
 
 
@@ -138,9 +140,13 @@ def train_command(args: argparse.Namespace) -> int:
     env = resolve_env()
     check_batch_split(options.batch_size, *job_world_size(options, env))
     options = with_run_dir(options, env)
+    one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
     if options.threads:
         use_threads(options.threads)
-    one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
+    elif one_process and env.launcher == "single" and env_threads(os.environ) is None:
+        # The one process of the job: every core it may use (a cgroup quota included, which
+        # torch's own default ignores). Launched workers get theirs from launch() or the group.
+        use_threads(this_process_share(1, launcher_side=True).threads)
     if env.launcher == "single" and not one_process:
         # A bad dataset, model file or model/dataset pair is one line here, before any worker
         # starts (the workers check it again, for launchers that start them directly).
