@@ -127,8 +127,8 @@ def thread_environment(nproc: int, environ: dict[str, str] | os._Environ,
 
     torchrun would pin OMP_NUM_THREADS=1 when unset; each worker gets its share of the cores this
     process may use instead (the agent binds nothing: its workers inherit its CPU set). When the
-    workers' threads outnumber those cores (the user's OMP_NUM_THREADS, or one core for several
-    ranks), OMP_WAIT_POLICY=PASSIVE makes OpenMP's waiting threads sleep instead of spinning for
+    workers' threads outnumber those cores (OMP_NUM_THREADS or --threads above the share),
+    OMP_WAIT_POLICY=PASSIVE makes OpenMP's waiting threads sleep instead of spinning for
     peers the scheduler took off a core; OpenMP reads it once, when torch loads it, so it has to
     be in the workers' environment from the start.
     """
