@@ -179,3 +179,33 @@ def test_an_explicit_thread_count_wins_and_reaches_the_workers(monkeypatch):
     with pytest.raises(ConfigError, match="threads: expected an integer >= 0"):
         TrainOptions(threads=-1)
     assert "threads" in RESUMABLE_OPTIONS  # how a run is executed, not what it computes
+
+
+def test_the_group_keeps_the_users_threads_and_warns_when_they_oversubscribe(monkeypatch,
+                                                                             caplog):
+    """Under mpirun/srun the group cannot set OMP_WAIT_POLICY any more (OpenMP read it when
+    torch loaded): local rank 0 says so, once per node, when the threads outnumber the cores."""
+    import torch
+
+    from dptrain.dist.env import DistEnv
+    from dptrain.dist.group import _share_cores
+
+    usable = this_process_share(2).usable
+    env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0,
+                  master_addr="127.0.0.1", master_port=1, launcher="openmpi")
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(usable))
+        torch.set_num_threads(usable)
+        _share_cores(env)
+        assert torch.get_num_threads() == usable  # the user's count stays
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert (len(warned) == 1 and "OMP_WAIT_POLICY=PASSIVE" in warned[0]) == (usable > 1)
+        caplog.clear()
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        _share_cores(env)  # unset: the share, which never oversubscribes
+        assert torch.get_num_threads() == max(1, usable // 2)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    finally:
+        torch.set_num_threads(before)
