@@ -78,12 +78,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="timed seconds per measurement (the ranks agree on a step count "
                              "from 5 calibration steps)")
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default 10 fnn, 3 cnn)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="few steps, no results file")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     args.batch = args.batch or 32
+    if args.warmup is None:  # a collapsed CNN step takes a second
+        args.warmup = 10 if args.network == "fnn" else 3
     if args.output is None:
         args.output = DEFAULT_OUTPUT if args.network == "fnn" else \
             DEFAULT_OUTPUT.with_name("threads_oversubscription_cnn.json")
