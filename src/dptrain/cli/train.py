@@ -17,8 +17,8 @@ from dptrain.cli.train_options import (
     resolve,
 )
 from dptrain.dist import DistEnv, resolve_env
-from dptrain.dist.threads import env_threads, this_process_share
 from dptrain.dist.job import job_id, stamp
+from dptrain.dist.threads import env_threads, this_process_share
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
