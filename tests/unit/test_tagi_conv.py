@@ -355,3 +355,25 @@ def test_package_docstring_cnn_example_runs():
     namespace["torch"] = torch
     exec(textwrap.dedent(example), namespace)  # noqa: S102
     assert namespace["mu"].shape == (32, 11) and namespace["var"].shape == (32, 11)
+
+
+def test_evaluation_forward_between_forward_and_backward_changes_nothing():
+    """On both Conv2d paths (1-channel deterministic input: unfolded patches; otherwise the
+    convolutions) an evaluation forward between a training forward and the backward leaves
+    what the backward uses untouched: the same innovations and deltas as without it."""
+    for c in (1, 2):
+        x = torch.randn(4, c, 6, 6, generator=gen(12), dtype=F64)
+        other = torch.randn(2, c, 6, 6, generator=gen(13), dtype=F64)
+        d = torch.randn(4, 3, 6, 6, generator=gen(14), dtype=F64)
+        results = []
+        for interleave in (False, True):
+            conv = _conv(15, c, 3, 3, padding=1)
+            conv.forward(HiddenStates(x, None))
+            if interleave:
+                conv.eval().forward(HiddenStates(other, None))
+                conv.train()
+            back = conv.backward(DeltaStates(d, -d.abs()), need_input_delta=True)
+            results.append([back.delta_mu, back.delta_var,
+                            *(t.clone() for _, t in conv.named_delta_tensors())])
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -34,7 +34,9 @@ class Conv2d(ParamLayer):
     the previous Z go through the transposed convolution, `J ⊙ convT(δm, m_W)` and
     `J² ⊙ convT(δv, m_W²)`; the weight deltas are the weight gradient of the convolution,
     Δm_W = v_W ⊙ gW(m_A, δm), Δv_W = v_W² ⊙ gW(m_A², δv), and the bias deltas sum δ over batch
-    and positions. Both come from one `convolution_backward` call each.
+    and positions. Both come from one `convolution_backward` call each (a deterministic
+    1-channel input, the usual first layer on grey images, runs as matrix products over its
+    patches instead, see `_forward_unfolded`). States are channels-last (see _spatial).
 
     pytagi's arguments and defaults. `padding_type` 1 pads every side, 2 only the right and
     bottom (see `_spatial`). `in_width`/`in_height` are optional (the input's shape is used);
@@ -114,7 +116,6 @@ class Conv2d(ParamLayer):
         # Channels-last states (see _spatial): a no-op after the first image layer.
         mu_a = channels_last(window.pad(states.mu_a))  # (B, C, H', W')
         var_a = channels_last(window.pad(states.var_a))
-        self._patches = self._patches_sq = None
         if var_a is None and self.in_channels == 1:
             return self._forward_unfolded(mu_a, states)
         mu_a_sq = mu_a * mu_a
@@ -132,6 +133,7 @@ class Conv2d(ParamLayer):
         if self.training:
             self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = (
                 mu_a, mu_a_sq, mu_w_sq, states.jcb)
+            self._patches = self._patches_sq = None
             self._in_hw = (states.mu_a.shape[2], states.mu_a.shape[3])
         return HiddenStates(mu_z, var_z, None)
 
