@@ -183,8 +183,8 @@ def main() -> None:
             rows.append(run_case(net_name, batch, args))
             r = rows[-1]
             print(f"{net_name} batch {batch}: TAGI {r['tagi_ms_per_step']:.1f} ms, torch SGD "
-                  f"{r['torch_ms_per_step']:.1f} ms per step -> {r['tagi_step_over_torch_step']:.2f}x",
-                  flush=True)
+                  f"{r['torch_ms_per_step']:.1f} ms per step -> "
+                  f"{r['tagi_step_over_torch_step']:.2f}x", flush=True)
     if not args.no_pytagi:
         for r in rows:
             if args.quick and (r["network"] != "cnn" or r["batch"] != 32):

@@ -114,8 +114,8 @@ class AvgPool2d(_Pool2d):
         """Σ over the windows holding each (padded) input of delta / k²: avg_pool2d's
         vector-Jacobian product (faster here than the depthwise convolution's)."""
         k, s = self.kernel_size, self.stride
-        return _avg_pool_backward(channels_last(delta), self._padded, [k, k], [s, s], [0, 0], False, True,
-                                  None)
+        return _avg_pool_backward(channels_last(delta), self._padded, [k, k], [s, s], [0, 0],
+                                  False, True, None)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
         self._need_forward()
