@@ -1,16 +1,22 @@
-"""Data-parallel TAGI throughput: 2 ranks x 1 thread vs 1 rank x 1 thread vs 1 rank x 2 threads.
+"""Data-parallel TAGI: throughput and the share of the step spent waiting for communication.
 
-    .venv/bin/python bench/tagi_ddp.py             # full run, writes bench/results/tagi_ddp.json
-    .venv/bin/python bench/tagi_ddp.py --quick     # smoke run, writes nothing
-    .venv/bin/python bench/tagi_ddp.py --network cnn   # pytagi's MNIST CNN, 128 per rank
+2 ranks x 1 thread (all-reduce overlapped with the backward, and not) vs 1 rank x 1 thread vs
+1 rank x 2 threads.
 
-FNN 784-128-128-11 (or pytagi's MNIST CNN) with the HRC head on synthetic MNIST-shaped inputs,
-sum mode, 256 samples per rank per step for the FNN (a 2-rank step processes 512), 128 for the
-CNN. Every configuration runs in fresh spawned processes
-(gloo over a FileStore for the 2-rank one), the configurations alternate over the repeats, and
-each figure is the median, because this 2-core machine is shared and noisy. Reported: global
-samples/s, its ratio to 1 rank x 1 thread, all-reduce calls per step, and the share of step time
-spent inside the all-reduce (waiting for the slower rank included).
+    python bench/tagi_ddp.py                  # both networks, ~4 min, writes results/tagi_ddp.json
+    python bench/tagi_ddp.py --quick          # smoke run, writes nothing
+    python bench/tagi_ddp.py --network cnn    # one network only
+
+FNN 784-128-128-11 (256 samples per rank per step) and pytagi's MNIST CNN (the registry's
+tagi-cnn on 28x28, 128 per rank), HRC head, synthetic MNIST-shaped inputs, sum mode. Every
+configuration runs in freshly spawned processes (gloo over a FileStore for 2 ranks), the
+configurations alternate over the repeats, and each figure is the median, because this 2-core
+machine is shared and noisy. A 2-rank run holds two replicas, `DDPSequential(overlap=True)`
+and `overlap=False`, and alternates between them every few steps, so overlap on and off are
+measured side by side under the same load. Reported: global samples/s, its ratio to 1 rank x
+1 thread, all-reduce calls per step, and the share of step time this rank spent blocked on
+communication (`DDPSequential.comm_seconds`: starting the all-reduce and waiting for it, the
+slower rank included; the larger of the two ranks' shares).
 """
 
 from __future__ import annotations
