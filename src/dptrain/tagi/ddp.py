@@ -90,14 +90,16 @@ def _gather_stats(local: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
-DEFAULT_BUCKET_BYTES = 64 * 1024
+DEFAULT_BUCKET_BYTES = 256 * 1024
 """A bucket of deltas is sent once it holds at least this many bytes (whole top-level layers,
-from the output side). TAGI networks that fit on a CPU are small next to torch DDP's 25 MB
-buckets, which would hold every network in bench/tagi_ddp.py whole. Measured there (gloo, 2
-ranks on 2 shared cores): on pytagi's MNIST CNN, 64 KiB (3 buckets) stepped 8 % faster than one
-all-reduce in step() and ~1 bucket per layer no better; on the 784-128-128 FNN (2 buckets) the
-step time was the same within noise. Each extra collective costs about a millisecond on a
-loaded machine, so buckets much smaller than this do not pay."""
+from the output side). Each collective has a fixed cost: on gloo between 2 ranks on a loaded
+2-core machine, two all-reduces took ~1.3 ms more than one of the same total size (~3 ms per
+MB), so a bucket much smaller than ~300 KB costs more than it can hide. Measured with
+bench/tagi_ddp.py-style paired runs there: pytagi's MNIST CNN (2 buckets at 256 KiB) stepped
+10-15 % faster than with one all-reduce in step(), 64 KiB (3 buckets) and one bucket per layer
+less so; the 784-128-128 FNN stays one bucket at 256 KiB (started as its backward ends) and was
+no slower, while 64 KiB (2 buckets) raised its communication wait. torch DDP's 25 MB would
+hold every network measured there in a single bucket."""
 
 
 class _Bucket:
