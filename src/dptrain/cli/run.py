@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
+from dptrain.dist.threads import ThreadShare, env_threads, oversubscribed, this_process_share
 from dptrain.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss
 
 LAUNCHER_REPORTS = "DPTRAIN_LAUNCHER_REPORTS"
@@ -37,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rdzv-id", default="dptrain", help="job id shared by all nodes")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart every worker up to K times after a failure (default 0)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads per process (default: OMP_NUM_THREADS if set, else "
+                        "each process's share of the cores this one may use)")
     p.add_argument("script", help="python script to run on every process")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run_command)
@@ -116,10 +120,33 @@ def _network_interface(rdzv_endpoint: str | None, nnodes: int) -> list[str]:
     return [*extra, f"--rdzv-conf=is_host={int(is_this_machine(host))}"]
 
 
+def thread_environment(nproc: int, environ: dict[str, str] | os._Environ,
+                       share: ThreadShare | None = None) -> dict[str, str]:
+    """OMP_NUM_THREADS and OMP_WAIT_POLICY for `nproc` workers on this node, those the user set
+    left alone (docs/design.md, Threads per rank).
+
+    torchrun would pin OMP_NUM_THREADS=1 when unset; each worker gets its share of the cores this
+    process may use instead (the agent binds nothing: its workers inherit its CPU set). When the
+    workers' threads outnumber those cores (OMP_NUM_THREADS or --threads above the share),
+    OMP_WAIT_POLICY=PASSIVE makes OpenMP's waiting threads sleep instead of spinning for
+    peers the scheduler took off a core; OpenMP reads it once, when torch loads it, so it has to
+    be in the workers' environment from the start.
+    """
+    share = share or this_process_share(nproc, launcher_side=True)
+    out = {}
+    threads = env_threads(environ)
+    if threads is None and "OMP_NUM_THREADS" not in environ:
+        threads = share.threads
+        out["OMP_NUM_THREADS"] = str(threads)
+    if "OMP_WAIT_POLICY" not in environ and threads and \
+            oversubscribed(nproc, threads, share.usable):
+        out["OMP_WAIT_POLICY"] = "PASSIVE"
+    return out
+
+
 def _worker_environment(nproc: int) -> None:
     """Variables the agent passes on to every worker, unless the user set them."""
-    # torchrun pins OMP_NUM_THREADS=1 when unset; share the cores instead.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.update(thread_environment(nproc, os.environ))
     # With the agent's store shared, a restarted attempt can read the dead attempt's keys and
     # dial its ports (gloo: "connection refused"; pytorch/pytorch#135712): give each attempt a
     # store of its own.
@@ -244,6 +271,19 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
     return 0
 
 
+def use_threads(threads: int) -> None:
+    """An explicit thread count (`--threads`): for this process and, through OMP_NUM_THREADS,
+    for every process it starts and every rank's process group (which then keeps it)."""
+    import torch
+
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1 (0: the default share), got {threads}")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def run_command(args: argparse.Namespace) -> int:
+    if args.threads:
+        use_threads(args.threads)
     return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
                   nnodes=args.nnodes)

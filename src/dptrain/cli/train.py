@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import fields, replace
 from pathlib import Path
 
+from dptrain.cli.run import use_threads
 from dptrain.cli.train_options import (
     MODELS,
     TrainOptions,
@@ -16,6 +18,7 @@ from dptrain.cli.train_options import (
 )
 from dptrain.dist import DistEnv, resolve_env
 from dptrain.dist.job import job_id, stamp
+from dptrain.dist.threads import env_threads, this_process_share
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,6 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             ("keep-last", int, "checkpoints kept"),
             ("patience", int, "early stopping patience in epochs (0: off)"),
             ("max-restarts", int, "restart the job up to K times; each restart resumes"),
+            ("threads", int, "intra-op threads per process (0: OMP_NUM_THREADS if set, else "
+                             "each process's share of the cores it may use)"),
             ("timeout", float, "seconds a collective waits for a missing rank")):
         default = docs[flag.replace("-", "_")][0]
         p.add_argument(f"--{flag}", type=kind, help=f"{text} (default {default})")
@@ -136,6 +141,12 @@ def train_command(args: argparse.Namespace) -> int:
     check_batch_split(options.batch_size, *job_world_size(options, env))
     options = with_run_dir(options, env)
     one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
+    if options.threads:
+        use_threads(options.threads)
+    elif one_process and env.launcher == "single" and env_threads(os.environ) is None:
+        # The one process of the job: every core it may use (a cgroup quota included, which
+        # torch's own default ignores). Launched workers get theirs from launch() or the group.
+        use_threads(this_process_share(1, launcher_side=True).threads)
     if env.launcher == "single" and not one_process:
         # A bad dataset, model file or model/dataset pair is one line here, before any worker
         # starts (the workers check it again, for launchers that start them directly).

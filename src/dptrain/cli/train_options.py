@@ -28,7 +28,7 @@ RESUMABLE_OPTIONS = frozenset({
     "progress", "fail_at", "out", "resume",
     # How the processes are launched, not what they compute: epoch-end checkpoints resume on
     # any world size, and the Trainer itself refuses a mid-epoch one saved on another.
-    "nproc", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id",
+    "nproc", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "threads",
 })
 """Options that may change when a run resumes. Every other option defines the run (new options
 too, unless added here): a checkpoint written with other values is refused."""
@@ -107,6 +107,9 @@ class TrainOptions:
     """HOST:PORT every node reaches (node 0's, for a static rendezvous); needed when nnodes > 1."""
     rdzv_id: str = "dptrain"
     """Job id of a dynamic rendezvous, the same on every node."""
+    threads: int = 0
+    """Intra-op threads per process; 0: OMP_NUM_THREADS if set, else each process's share of the
+    cores it may use (docs/design.md, Threads per rank)."""
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ConfigError:
@@ -138,7 +141,7 @@ class TrainOptions:
         if self.nnodes > 1 and ":" not in self.rdzv_endpoint:
             raise ConfigError(f"nnodes {self.nnodes} needs rdzv-endpoint HOST:PORT, the same on "
                               f"every node, got {self.rdzv_endpoint!r}")
-        for name in ("checkpoint_every", "patience", "max_restarts"):
+        for name in ("checkpoint_every", "patience", "max_restarts", "threads"):
             if getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")
         if self.timeout <= 0:

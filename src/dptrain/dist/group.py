@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from dptrain.dist.env import DistEnv, resolve_env
 from dptrain.dist.netif import export_interface
+from dptrain.dist.threads import env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError, RankFailure
 
 log = logging.getLogger(__name__)
@@ -61,13 +62,21 @@ def device_for(env: DistEnv, backend: str | None) -> torch.device:
 
 
 def _share_cores(env: DistEnv) -> None:
-    """Give each local rank its share of the cores unless the user chose a thread count."""
-    if "OMP_NUM_THREADS" in os.environ or env.local_world_size == 1:
-        return
-    threads = max(1, (os.cpu_count() or 1) // env.local_world_size)
-    torch.set_num_threads(threads)
-    log.info("OMP_NUM_THREADS unset: %d local ranks use %d thread(s) each",
-             env.local_world_size, threads)
+    """Give this rank its share of the usable cores (dptrain.dist.threads) unless the user, or
+    the launcher (`dptrain run`, torchrun), chose a thread count in OMP_NUM_THREADS."""
+    share = this_process_share(env.local_world_size)
+    if env_threads(os.environ) is None:
+        torch.set_num_threads(share.threads)
+        log.info("rank %d: OMP_NUM_THREADS unset: %d thread(s) (%s)", env.rank, share.threads,
+                 share.reason())
+    threads = torch.get_num_threads()
+    if env.local_rank == 0 and "OMP_WAIT_POLICY" not in os.environ and \
+            oversubscribed(share.sharing, threads, share.usable):
+        # OpenMP read its wait policy when torch loaded it: only the launcher can set it.
+        log.warning("%d rank(s) x %d thread(s) on %d usable core(s) and OMP_WAIT_POLICY unset: "
+                    "OpenMP threads spin-wait for descheduled peers and steps can stall; start "
+                    "the ranks with OMP_WAIT_POLICY=PASSIVE or a lower OMP_NUM_THREADS",
+                    share.sharing, threads, share.usable)
 
 
 def _init_method(env: DistEnv) -> str:
