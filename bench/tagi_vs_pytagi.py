@@ -31,7 +31,7 @@ Linear):
   backward  δmᵀ m_A and δvᵀ m_A² (weight deltas): 2 BIO each; δm m_W and δv m_W² (input
             innovations): 2 BIO each, not in the first layer
   total     first layer 8 BIO, every other layer 14 BIO; eval: 4 BIO and 6 BIO
-  FNN 784-128-128-11: 1,051,904 B FLOP per training step (269 MFLOP at B = 256), 538,624 B
+  FNN 784-128-128-11: 1,051,904 B FLOP per training step (269 MFLOP at B = 256), 508,160 B
   per eval forward. Elementwise work (O(BI + P)) is not counted: it is the overhead the
   fraction exposes.
 Both libraries run on --threads threads (torch.set_num_threads / net.set_threads). Ours runs in
