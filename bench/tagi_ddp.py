@@ -1,16 +1,22 @@
-"""Data-parallel TAGI throughput: 2 ranks x 1 thread vs 1 rank x 1 thread vs 1 rank x 2 threads.
+"""Data-parallel TAGI: throughput and the share of the step spent waiting for communication.
 
-    .venv/bin/python bench/tagi_ddp.py             # full run, writes bench/results/tagi_ddp.json
-    .venv/bin/python bench/tagi_ddp.py --quick     # smoke run, writes nothing
-    .venv/bin/python bench/tagi_ddp.py --network cnn   # pytagi's MNIST CNN, 128 per rank
+2 ranks x 1 thread (all-reduce overlapped with the backward, and not) vs 1 rank x 1 thread vs
+1 rank x 2 threads.
 
-FNN 784-128-128-11 (or pytagi's MNIST CNN) with the HRC head on synthetic MNIST-shaped inputs,
-sum mode, 256 samples per rank per step for the FNN (a 2-rank step processes 512), 128 for the
-CNN. Every configuration runs in fresh spawned processes
-(gloo over a FileStore for the 2-rank one), the configurations alternate over the repeats, and
-each figure is the median, because this 2-core machine is shared and noisy. Reported: global
-samples/s, its ratio to 1 rank x 1 thread, all-reduce calls per step, and the share of step time
-spent inside the all-reduce (waiting for the slower rank included).
+    python bench/tagi_ddp.py                  # both networks, ~4 min, writes results/tagi_ddp.json
+    python bench/tagi_ddp.py --quick          # smoke run, writes nothing
+    python bench/tagi_ddp.py --network cnn    # one network only
+
+FNN 784-128-128-11 (256 samples per rank per step) and pytagi's MNIST CNN (the registry's
+tagi-cnn on 28x28, 128 per rank), HRC head, synthetic MNIST-shaped inputs, sum mode. Every
+configuration runs in freshly spawned processes (gloo over a FileStore for 2 ranks), the
+configurations alternate over the repeats, and each figure is the median, because this 2-core
+machine is shared and noisy. A 2-rank run holds two replicas, `DDPSequential(overlap=True)`
+and `overlap=False`, and alternates between them every few steps, so overlap on and off are
+measured side by side under the same load. Reported: global samples/s, its ratio to 1 rank x
+1 thread, all-reduce calls per step, and the share of step time this rank spent blocked on
+communication (`DDPSequential.comm_seconds`: starting the all-reduce and waiting for it, the
+slower rank included; the larger of the two ranks' shares).
 """
 
 from __future__ import annotations
@@ -18,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -30,13 +34,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from _machine import cpu_model  # bench/ is on sys.path when a script here runs
+from _machine import command_line, cpu_model  # bench/ is on sys.path when a script here runs
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_ddp.json"
+# name: (ranks, threads per rank); a 2-rank run measures overlap on and off side by side
 CONFIGS = {"2 ranks x 1 thread": (2, 1), "1 rank x 1 thread": (1, 1),
            "1 rank x 2 threads": (1, 2)}
+ROWS = {"2 ranks x 1 thread, overlap": ("2 ranks x 1 thread", True),
+        "2 ranks x 1 thread, no overlap": ("2 ranks x 1 thread", False),
+        "1 rank x 1 thread": ("1 rank x 1 thread", True),
+        "1 rank x 2 threads": ("1 rank x 2 threads", True)}
 TARGET = 1.8  # issue 4: 2 ranks x 1 thread over 1 rank x 1 thread
+WAIT_TARGET = {"cnn": 0.15}  # issue 14: share of the step waiting for communication, overlap on
+STEPS = {"fnn": 60, "cnn": 25}  # default timed steps: ~0.5-1 s of a 2-rank run each
 
 
 def _network(network: str, num_outputs: int):
@@ -50,42 +61,68 @@ def _network(network: str, num_outputs: int):
                       Linear(128, num_outputs)), (784,)
 
 
+BLOCK = 5  # a 2-rank run alternates blocks of this many steps with overlap on and off
+
+
 def _worker(rank: int, world_size: int, threads: int, batch: int, steps: int, warmup: int,
-            store_dir: str, out_dir: str, network: str = "fnn") -> None:
+            store_dir: str, out_dir: str, network: str = "fnn",
+            bucket_bytes: int | None = None) -> None:
+    """Time `steps` training steps; a 2-rank run holds two replicas of the network, one with
+    the overlapped all-reduce and one without, and alternates between them every BLOCK steps,
+    so both see the same machine load."""
     torch.set_num_threads(threads)
     if world_size > 1:
         store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=120))
     from dptrain.tagi import DDPConfig, DDPSequential, HRCSoftmax, OutputUpdater, manual_seed
+    from dptrain.tagi.ddp import DEFAULT_BUCKET_BYTES
 
-    manual_seed(0)
     hrc = HRCSoftmax(10)
-    model, sample_shape = _network(network, hrc.num_outputs)
-    net = DDPSequential(model, DDPConfig(backend="gloo", rank=rank, world_size=world_size))
+    config = DDPConfig(backend="gloo", rank=rank, world_size=world_size)
+    nets, sample_shape = {}, None
+    for overlap in ((True, False) if world_size > 1 else (True,)):
+        manual_seed(0)
+        model, sample_shape = _network(network, hrc.num_outputs)
+        nets[overlap] = DDPSequential(model, config, overlap=overlap,
+                                      bucket_bytes=bucket_bytes or DEFAULT_BUCKET_BYTES)
     updater = OutputUpdater()
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.rand(8, batch, *sample_shape, generator=g)  # 8 distinct batches, cycled
     obs, idx = zip(*(hrc.encode(torch.randint(0, 10, (batch,), generator=g)) for _ in range(8)))
 
-    def step(i: int) -> None:
+    def step(net: DDPSequential, i: int, log: list | None = None) -> None:
+        comm0 = net.comm_seconds
         net(x[i % 8])
         updater.update_using_indices(net.output_z_buffer, obs[i % 8], 0.05**2, idx[i % 8],
                                      net.input_delta_z_buffer)
         net.backward()
+        backward_done = time.time()  # one clock for both ranks: they share the machine
         net.step()
+        if log is not None:
+            log.append((backward_done, net.comm_seconds - comm0))
 
-    for i in range(warmup):
-        step(i)
+    for net in nets.values():
+        for i in range(warmup):
+            step(net, i)
     if world_size > 1:
         dist.barrier()
-    comm0, calls0 = net.comm_seconds, net.num_collectives
-    start = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    elapsed = time.perf_counter() - start
-    result = {"seconds": elapsed, "comm_seconds": net.comm_seconds - comm0,
-              "calls": net.num_collectives - calls0}
+    result = {str(overlap): {"seconds": 0.0, "comm_seconds": 0.0, "calls": 0, "steps": 0,
+                             "log": []} for overlap in nets}
+    done = 0
+    while done < steps:
+        block = min(BLOCK, steps - done)
+        for overlap, net in nets.items():
+            mine = result[str(overlap)]
+            comm0, calls0 = net.comm_seconds, net.num_collectives
+            start = time.perf_counter()
+            for i in range(done, done + block):
+                step(net, i, mine["log"])
+            mine["seconds"] += time.perf_counter() - start
+            mine["comm_seconds"] += net.comm_seconds - comm0
+            mine["calls"] += net.num_collectives - calls0
+            mine["steps"] += block
+        done += block
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     if world_size > 1:
@@ -93,77 +130,121 @@ def _worker(rank: int, world_size: int, threads: int, batch: int, steps: int, wa
 
 
 def measure(world_size: int, threads: int, batch: int, steps: int, warmup: int,
-            network: str = "fnn") -> dict:
+            network: str = "fnn", bucket_bytes: int | None = None) -> dict[bool, dict]:
+    """{overlap: figures}: both settings for 2 ranks, one (no communication) for 1 rank."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(world_size, threads, batch, steps, warmup, tmp, tmp,
-                                          network),
+                                          network, bucket_bytes),
                            nprocs=world_size, start_method="spawn", join=True)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
-    seconds = max(r["seconds"] for r in ranks)
-    return {"samples_per_s": world_size * batch * steps / seconds,
-            "comm_share": max(r["comm_seconds"] / r["seconds"] for r in ranks),
-            "collectives_per_step": ranks[0]["calls"] / steps}
+    out = {}
+    for key in ranks[0]:
+        seconds = max(r[key]["seconds"] for r in ranks)
+        # Per step, a rank that ends its backward before the other one waits for it in the
+        # all-reduce: that part is imbalance between the ranks (on a shared machine, mostly
+        # one rank being descheduled), the rest is communication proper.
+        logs = [r[key]["log"] for r in ranks]
+        beyond = [sum(max(0.0, wait - (max(log[i][0] for log in logs) - mine[i][0]))
+                      for i, (_, wait) in enumerate(mine)) for mine in logs]
+        # The rank that waits most: the faster one waiting for the slower is waiting too.
+        out[key == "True"] = {
+            "samples_per_s": world_size * batch * steps / seconds,
+            "comm_share": max(r[key]["comm_seconds"] / r[key]["seconds"] for r in ranks),
+            "comm_share_beyond_imbalance": max(b / r[key]["seconds"]
+                                               for b, r in zip(beyond, ranks)),
+            "collectives_per_step": ranks[0][key]["calls"] / steps}
+    return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--network", choices=("fnn", "cnn"), default="fnn",
-                        help="cnn: pytagi's MNIST CNN (the registry's tagi-cnn on 28x28)")
-    parser.add_argument("--batch", type=int, help="samples per rank per step "
-                        "(default 256 fnn, 128 cnn)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="few steps, no results file")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    args = parser.parse_args()
-    if args.batch is None:
-        args.batch = 128 if args.network == "cnn" else 256
-    if args.network == "cnn" and args.output == DEFAULT_OUTPUT:
-        args.output = DEFAULT_OUTPUT.with_name("tagi_ddp_cnn.json")
+def run_network(network: str, args: argparse.Namespace) -> dict:
+    """Every configuration on `network`, alternated over the repeats; the medians."""
+    batch = args.batch or (128 if network == "cnn" else 256)
+    steps = args.steps or STEPS[network]
     if args.quick:
-        args.steps, args.warmup, args.repeats = 10, 2, 1
-    load_before = os.getloadavg()
-    runs: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+        steps = 2 * BLOCK if network == "fnn" else BLOCK
+    bucket_bytes = int(args.bucket_kb * 1024) if args.bucket_kb else None
+    runs: dict[str, list[dict]] = {name: [] for name in ROWS}
     for repeat in range(args.repeats):
         order = list(CONFIGS) if repeat % 2 == 0 else list(reversed(CONFIGS))
-        for name in order:
-            runs[name].append(measure(*CONFIGS[name], args.batch, args.steps, args.warmup,
-                                      args.network))
-            print(f"repeat {repeat + 1}/{args.repeats} {name}: "
-                  f"{runs[name][-1]['samples_per_s']:.0f} samples/s", flush=True)
+        for config in order:
+            figures = measure(*CONFIGS[config], batch, steps, args.warmup, network, bucket_bytes)
+            for name, (row_config, overlap) in ROWS.items():
+                if row_config == config:
+                    runs[name].append(figures[overlap])
+                    print(f"{network} repeat {repeat + 1}/{args.repeats} {name}: "
+                          f"{figures[overlap]['samples_per_s']:.0f} samples/s, "
+                          f"{100 * figures[overlap]['comm_share']:.1f} % waiting", flush=True)
     base = statistics.median(r["samples_per_s"] for r in runs["1 rank x 1 thread"])
     table = {}
     for name, rs in runs.items():
         rate = statistics.median(r["samples_per_s"] for r in rs)
         table[name] = {"samples_per_s": rate, "ratio_vs_1x1": rate / base,
                        "collectives_per_step": rs[0]["collectives_per_step"],
-                       "comm_share": statistics.median(r["comm_share"] for r in rs)}
-    label = "tagi-cnn (pytagi's MNIST CNN)" if args.network == "cnn" else "FNN 784-128-128-11"
-    print(f"\n{label} HRC, {args.batch} samples per rank per step, sum mode, "
-          f"median of {args.repeats}")
-    print(f"{'configuration':<22}{'samples/s':>11}{'vs 1x1':>8}{'all-reduce/step':>17}"
-          f"{'time in all-reduce':>20}")
+                       "comm_share": statistics.median(r["comm_share"] for r in rs),
+                       "comm_share_beyond_imbalance": statistics.median(
+                           r["comm_share_beyond_imbalance"] for r in rs),
+                       "per_repeat_samples_per_s": [round(r["samples_per_s"]) for r in rs],
+                       "per_repeat_comm_share": [round(r["comm_share"], 4) for r in rs]}
+    label = "tagi-cnn (pytagi's MNIST CNN)" if network == "cnn" else "FNN 784-128-128-11"
+    print(f"\n{label} HRC, {batch} samples per rank per step, sum mode, median of "
+          f"{args.repeats}")
+    print(f"{'configuration':<32}{'samples/s':>10}{'vs 1x1':>8}{'all-reduces/step':>18}"
+          f"{'waiting for comm':>18}{'of which not imbalance':>24}")
     for name, row in table.items():
-        print(f"{name:<22}{row['samples_per_s']:>11.0f}{row['ratio_vs_1x1']:>7.2f}x"
-              f"{row['collectives_per_step']:>17.0f}{100 * row['comm_share']:>19.1f}%")
-    ratio = table["2 ranks x 1 thread"]["ratio_vs_1x1"]
-    print(f"\n2 ranks x 1 thread / 1 rank x 1 thread = {ratio:.2f}x (target >= {TARGET}x: "
-          f"{'met' if ratio >= TARGET else 'NOT met'})")
+        comm = row["collectives_per_step"]
+        wait = f"{100 * row['comm_share']:.1f}%" if comm else "-"
+        proper = f"{100 * row['comm_share_beyond_imbalance']:.1f}%" if comm else "-"
+        print(f"{name:<32}{row['samples_per_s']:>10.0f}{row['ratio_vs_1x1']:>7.2f}x"
+              f"{comm:>18.0f}{wait:>18}{proper:>24}")
+    on, off = table["2 ranks x 1 thread, overlap"], table["2 ranks x 1 thread, no overlap"]
+    two_threads = table["1 rank x 2 threads"]["samples_per_s"]
+    print(f"waiting for communication: {100 * on['comm_share']:.1f} % of the step with overlap, "
+          f"{100 * off['comm_share']:.1f} % without; not counting the wait for the slower "
+          f"rank's backward: {100 * on['comm_share_beyond_imbalance']:.1f} % vs "
+          f"{100 * off['comm_share_beyond_imbalance']:.1f} %"
+          + (f" (target <= {100 * WAIT_TARGET[network]:.0f} %: "
+             f"{'met' if on['comm_share'] <= WAIT_TARGET[network] else 'NOT met'})"
+             if network in WAIT_TARGET else ""))
+    print(f"overlap on / off: {on['samples_per_s'] / off['samples_per_s']:.2f}x samples/s")
+    print(f"2 ranks x 1 thread (overlap) / 1 rank x 1 thread = {on['ratio_vs_1x1']:.2f}x "
+          f"(target >= {TARGET}x: {'met' if on['ratio_vs_1x1'] >= TARGET else 'NOT met'}); "
+          f"/ 1 rank x 2 threads = {on['samples_per_s'] / two_threads:.2f}x\n")
+    return {"batch_per_rank": batch, "steps": steps, "results": table}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--network", choices=("fnn", "cnn", "both"), default="both",
+                        help="cnn: pytagi's MNIST CNN (the registry's tagi-cnn on 28x28)")
+    parser.add_argument("--batch", type=int, help="samples per rank per step "
+                        "(default 256 fnn, 128 cnn)")
+    parser.add_argument("--steps", type=int, help="timed steps per run (default 60 fnn, 25 cnn)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bucket-kb", type=float, help="DDPSequential bucket_bytes / 1024 "
+                        "(default: its DEFAULT_BUCKET_BYTES)")
+    parser.add_argument("--quick", action="store_true", help="few steps, no results file")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                        help="results file (both networks in one)")
+    args = parser.parse_args()
+    if args.quick:
+        args.warmup, args.repeats = 2, 1
+    load_before = os.getloadavg()
+    networks = ("fnn", "cnn") if args.network == "both" else (args.network,)
+    results = {network: run_network(network, args) for network in networks}
+    print(f"load average (1, 5, 15 min): {load_before} before, {os.getloadavg()} after")
     if args.quick:
         return
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    # The OpenMP wait policy changes the 2-thread figures a lot on a loaded machine.
-    policy = os.environ.get("OMP_WAIT_POLICY")
-    env_prefix = f"OMP_WAIT_POLICY={policy} " if policy else ""
     args.output.write_text(json.dumps({
-        "command": env_prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        # The OpenMP wait policy changes the 2-thread figures a lot on a loaded machine.
+        "command": command_line(("OMP_WAIT_POLICY",)),
         "hardware": {"cpu": cpu_model(), "cores": os.cpu_count()},
-        "torch": torch.__version__, "batch_per_rank": args.batch, "steps": args.steps,
-        "repeats": args.repeats, "network": args.network,
+        "torch": torch.__version__, "repeats": args.repeats, "warmup": args.warmup,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
-        "results": table, "target_ratio": TARGET}, indent=1))
+        "networks": results, "target_ratio": TARGET,
+        "target_wait_share": WAIT_TARGET}, indent=1))
     print(f"wrote {args.output}")
 
 

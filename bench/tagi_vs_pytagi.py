@@ -19,6 +19,21 @@ sample, index-based output update, sigma_v 0.05), on a fixed synthetic MNIST-sha
 Two measurements per batch size:
   train  forward + update_using_indices + backward + step, per batch
   eval   eval-mode forward
+For the FNN a third runner, "matmul", times only the matrix products a TAGI step (or eval
+forward) of this network performs, with torch's kernels, the same shapes and layouts and the
+same threads, interleaved with the other two: the machine's matmul rate for exactly this work.
+Our achieved GFLOP/s (matmul FLOPs of a step from the TAGI equations / our step time) divided
+by that rate is the "matmul fraction" (1.0 = every cycle of the step spent in those products).
+FLOPs per step, counting 2 per multiply-add, per Linear I -> O and batch B (docs/tagi.md,
+Linear):
+  forward   m_A m_Wᵀ, m_A² v_Wᵀ, and v_A (m_W² + v_W)ᵀ unless the input is deterministic:
+            2 BIO each (the network input is deterministic: 2 products in the first layer)
+  backward  δmᵀ m_A and δvᵀ m_A² (weight deltas): 2 BIO each; δm m_W and δv m_W² (input
+            innovations): 2 BIO each, not in the first layer
+  total     first layer 8 BIO, every other layer 14 BIO; eval: 4 BIO and 6 BIO
+  FNN 784-128-128-11: 1,051,904 B FLOP per training step (269 MFLOP at B = 256), 508,160 B
+  per eval forward. Elementwise work (O(BI + P)) is not counted: it is the overhead the
+  fraction exposes.
 Both libraries run on --threads threads (torch.set_num_threads / net.set_threads). Ours runs in
 this process; pytagi runs in its own venv (bench/.venv-pytagi, made by setup_pytagi.sh) as the
 subprocess _pytagi_worker.py. The two are measured alternately, the first one alternating
@@ -53,12 +68,18 @@ BENCH_DIR = Path(__file__).resolve().parent
 PYTAGI_VENV = BENCH_DIR / ".venv-pytagi"
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_vs_pytagi.json"
 NUM_CLASSES = 10
-#: Targets for ours/pytagi per network, phase and batch size (issue 3: FNN; issue 10: CNN).
-TARGETS = {"fnn": {("train", 32): 4.0, ("eval", 32): 4.0, ("train", 256): 8.0,
+#: Targets for ours/pytagi per network, phase and batch size (issues 3 and 14: FNN; issue 10:
+#: CNN).
+TARGETS = {"fnn": {("train", 32): 10.0, ("eval", 32): 10.0, ("train", 256): 8.0,
                    ("eval", 256): 8.0},
            "cnn": {("train", 32): 10.0, ("eval", 32): 5.0, ("train", 256): 10.0,
                    ("eval", 256): 5.0},
            "resnet18": {("train", 32): 10.0}}
+#: Targets for our achieved GFLOP/s as a fraction of torch's matmul rate on the same products
+#: (issue 14).
+MATMUL_TARGETS = {"fnn": {("train", 256): 0.8}}
+#: The FNN's Linear layers (inputs, outputs), for the matmul runner and the FLOP count.
+FNN_LAYERS = ((784, 128), (128, 128), (128, 11))
 NETWORK_NAMES = {
     "fnn": "FNN 784-128-128-11 (Linear-ReLU-Linear-ReLU-Linear)",
     "cnn": "CNN Conv2d(1,16,4,padding=1)-ReLU-AvgPool2d(3,2)-Conv2d(16,32,5)-ReLU-"
@@ -250,6 +271,65 @@ class TorchSGDBench:
         return float((pred != self.y_test).double().mean())
 
 
+def linear_flops(layers: tuple[tuple[int, int], ...], batch_size: int, train: bool) -> int:
+    """Matmul FLOPs (2 per multiply-add) of one TAGI training step (train) or evaluation
+    forward of a Linear stack whose input is deterministic; see the module docstring."""
+    total = 0
+    for k, (fan_in, fan_out) in enumerate(layers):
+        products = (2 if k == 0 else 3) + ((2 if k == 0 else 4) if train else 0)
+        total += products * 2 * batch_size * fan_in * fan_out
+    return total
+
+
+class MatmulBench:
+    """Only the matrix products of a TAGI step of a Linear stack, as the engine calls them
+    (linear.py): per layer addmm(b, m_A, m_Wᵀ), addmm(b, m_A², v_Wᵀ) and, after the first
+    layer, addmm_(v_A, (m_W² + v_W)ᵀ); in training also mm(δmᵀ, m_A) and mm(δvᵀ, m_A²) into
+    the weight deltas and, after the first layer, mm(δm, m_W) and mm(δv, m_W²). Operands are
+    allocated once; their values do not change the time of a product."""
+
+    def __init__(self, layers: tuple[tuple[int, int], ...], batch_sizes: list[int],
+                 threads: int, seed: int) -> None:
+        torch.set_num_threads(threads)
+        gen = torch.Generator().manual_seed(seed)
+        self.layers = layers
+        self.weights = [(torch.randn(o, i, generator=gen), torch.rand(o, i, generator=gen),
+                         torch.rand(o, generator=gen)) for i, o in layers]
+        self.deltas = [(torch.empty(o, i), torch.empty(o, i)) for i, o in layers]
+        self.states = {b: [(torch.randn(b, i, generator=gen), torch.rand(b, i, generator=gen),
+                            torch.randn(b, o, generator=gen), torch.empty(b, o))
+                           for i, o in layers] for b in batch_sizes}
+
+    def _products(self, batch_size: int, train: bool) -> None:
+        for k, ((w, v, b), (dw_mu, dw_var), (a, a_var, d, z)) in enumerate(
+                zip(self.weights, self.deltas, self.states[batch_size])):
+            torch.addmm(b, a, w.t())
+            torch.addmm(b, a, v.t(), out=z)
+            if k:
+                z.addmm_(a_var, v.t())
+            if train:
+                torch.mm(d.t(), a, out=dw_mu)
+                torch.mm(d.t(), a_var, out=dw_var)
+                if k:
+                    torch.mm(d, w)
+                    torch.mm(d, v)
+
+    def _time(self, batch_size: int, num_steps: int, train: bool) -> float:
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            self._products(batch_size, train)
+        return time.perf_counter() - start
+
+    def train(self, batch_size: int, num_steps: int) -> float:
+        return self._time(batch_size, num_steps, True)
+
+    def eval(self, batch_size: int, num_steps: int) -> float:
+        return self._time(batch_size, num_steps, False)
+
+    def test_error(self, batch_size: int) -> float:
+        return float("nan")  # nothing is learned: the products only
+
+
 # ---------------------------------------------------------------------------------- pytagi
 def setup_pytagi_venv() -> Path:
     """Run setup_pytagi.sh (idempotent) and return the venv's python."""
@@ -334,6 +414,10 @@ def measure(runners: dict[str, Runner], args: argparse.Namespace) -> dict:
                     rates[(phase, b)][lib].append(num_steps * b / seconds)
         done = "  ".join(f"{phase} b{b} {r['ours'][-1] / r['pytagi'][-1]:.1f}x"
                          for (phase, b), r in rates.items())
+        if "matmul" in libs:
+            done += "  (matmul fraction: " + "  ".join(
+                f"{phase} b{b} {r['ours'][-1] / r['matmul'][-1]:.0%}"
+                for (phase, b), r in rates.items()) + ")"
         if "torch" in libs:
             done += "  (train step time ours/torch SGD: " + "  ".join(
                 f"b{b} {rates[('train', b)]['torch'][-1] / rates[('train', b)]['ours'][-1]:.2f}"
@@ -358,7 +442,24 @@ def summarize(rates: dict, errors: dict, network: str = "fnn") -> list[dict]:
                 "torch_sgd_samples_per_s": statistics.median(torch_rates),
                 "torch_time_ratio": statistics.median(t / o for o, t in zip(ours, torch_rates)),
                 "torch_runs": torch_rates, "torch_test_error": errors[b].get("torch")}
-        rows.append(torch_columns | {
+        matmul_columns = {}
+        if "matmul" in by_lib:
+            flops = linear_flops(FNN_LAYERS, b, phase == "train") / b  # per sample
+            matmul_rates = by_lib["matmul"]
+            fraction = statistics.median(ours) / statistics.median(matmul_rates)
+            matmul_target = MATMUL_TARGETS.get(network, {}).get((phase, b))
+            matmul_columns = {
+                "matmul_flops_per_sample": flops,
+                "ours_gflops": statistics.median(ours) * flops / 1e9,
+                "matmul_gflops": statistics.median(matmul_rates) * flops / 1e9,
+                "matmul_fraction": fraction,
+                "matmul_fraction_paired_median": statistics.median(
+                    o / m for o, m in zip(ours, matmul_rates)),
+                "matmul_fraction_target": matmul_target,
+                "meets_matmul_target": None if matmul_target is None else
+                fraction >= matmul_target,
+                "matmul_runs": matmul_rates}
+        rows.append(torch_columns | matmul_columns | {
             "phase": phase, "batch_size": b,
             "ours_samples_per_s": statistics.median(ours),
             "pytagi_samples_per_s": statistics.median(ref),
@@ -382,7 +483,10 @@ def _rate(samples_per_s: float) -> str:
 
 def format_table(rows: list[dict]) -> str:
     with_torch = "torch_sgd_samples_per_s" in rows[0]
+    with_matmul = "matmul_fraction" in rows[0]
     extra = f"{'torch SGD/s':>13}{'ours/torch time':>17}" if with_torch else ""
+    if with_matmul:
+        extra += f"{'GFLOP/s':>9}{'matmul GFLOP/s':>16}{'fraction':>10}{'target':>12}"
     lines = [f"{'phase':<6}{'batch':>6}{'dptrain.tagi/s':>16}{'pytagi/s':>11}{'ratio':>8}"
              f"{'target':>12}{'best ratio':>12}" + extra]
     for r in rows:
@@ -393,6 +497,12 @@ def format_table(rows: list[dict]) -> str:
                 f"{r['ratio_of_best']:>11.2f}x")
         if with_torch:
             line += f"{r['torch_sgd_samples_per_s']:>13,.0f}{r['torch_time_ratio']:>16.2f}x"
+        if with_matmul:
+            goal = r["matmul_fraction_target"]
+            goal = "" if goal is None else (
+                f">={goal:.0%} " + ("ok" if r["meets_matmul_target"] else "MISS"))
+            line += (f"{r['ours_gflops']:>9.1f}{r['matmul_gflops']:>16.1f}"
+                     f"{r['matmul_fraction']:>10.0%}{goal:>12}")
         lines.append(line)
     return "\n".join(lines)
 
@@ -499,12 +609,16 @@ def run(args: argparse.Namespace, data: dict[str, np.ndarray]) -> tuple[dict, di
         runners: dict[str, Runner] = {"ours": ours, "pytagi": worker}
         if args.network == "cnn":
             runners["torch"] = TorchSGDBench(data, args.batch_sizes, args.threads, args.seed)
+        if args.network == "fnn":
+            runners["matmul"] = MatmulBench(FNN_LAYERS, args.batch_sizes, args.threads,
+                                            args.seed)
         print(f"dptrain.tagi (torch {torch.__version__}) vs pytagi {versions['pytagi']}, "
               f"{args.threads} threads each, {args.repeats} interleaved repeats", flush=True)
         rates = measure(runners, args)
         # A pass over the test set would take pytagi an hour on the ResNet18: no check there.
         errors = {b: ({} if args.network == "resnet18" else
-                      {lib: r.test_error(b) for lib, r in runners.items()})
+                      {lib: r.test_error(b) for lib, r in runners.items()
+                       if lib != "matmul"})
                   for b in args.batch_sizes}
     finally:
         worker.close()
@@ -550,6 +664,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = summarize(rates, errors, args.network)
     print("\nsamples/s, median over repeats; ratio = ours/pytagi of the medians; best ratio = "
           "of each library's fastest repeat")
+    if args.network == "fnn":
+        print("GFLOP/s = matmul FLOPs of the TAGI step (see the script's docstring) / our time; "
+              "matmul GFLOP/s = torch's rate on exactly those products, measured alongside; "
+              "fraction = the two's ratio")
     print(format_table(rows))
     if any(errors.values()):
         print("test error after the timed steps (check that both really train): " + ", ".join(

@@ -56,9 +56,13 @@ class ParameterPack:
     def device(self) -> torch.device:
         return self.params.device
 
-    def scale_deltas(self) -> None:
-        """g → Δ for every layer at once (see base.py): Δm = v g_m, Δv = v² g_v."""
-        scale_deltas_(self.params, self.deltas)
+    def scale_deltas(self, start: int = 0, end: int | None = None) -> None:
+        """g → Δ (see base.py): Δm = v g_m, Δv = v² g_v, for every layer at once or for the
+        columns [start, end) (one layer's slice, as a data-parallel wrapper reduces it)."""
+        if start == 0 and end is None:
+            scale_deltas_(self.params, self.deltas)
+        else:
+            scale_deltas_(self.params[:, start:end], self.deltas[:, start:end])
 
     def step(self, factor: float) -> None:
         if self.params.shape[1]:

@@ -41,6 +41,12 @@ class ReLU(Activation):
         jcb = torch.sign(mu_a)  # 1 where m_Z > 0, else 0: one op, in the state's dtype
         return mu_a, var_z * jcb, jcb
 
+    def forward(self, states: HiddenStates) -> HiddenStates:
+        out = super().forward(states)
+        # J ∈ {0, 1}, so J² = J; a product with an incoming J keeps that only if it had it too.
+        out.jcb_is_mask = states.jcb is None or states.jcb_is_mask
+        return out
+
 
 class LeakyReLU(Activation):
     """m_A = m_Z or α m_Z, J = 1 or α, v_A = J² v_Z (α = 0.1 as in cuTAGI).

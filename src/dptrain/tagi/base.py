@@ -53,17 +53,32 @@ def capped_update_(params: torch.Tensor, deltas: torch.Tensor, factor: float,
     `params` and `deltas` are (2, P): row 0 means, row 1 variances (docs/tagi.md, Capped step).
     clamp(Δ, −bar, bar) equals sign(Δ)·min(|Δ|, bar) because bar ≥ 0. `scratch`, if given, is
     a (4, P) buffer reused across calls: a fresh ~P-sized allocation per step costs page faults
-    that show up at batch 32.
+    that show up at batch 32. Five passes over the parameters, the bounds ±bar in one of them.
     """
     if scratch is None:
         scratch = torch.empty((4,) + tuple(params.shape[1:]), dtype=params.dtype,
                               device=params.device)
-    bar, neg_bar, clipped = scratch[0], scratch[1], scratch[2:]
-    torch.sqrt(params[1], out=bar).mul_(1.0 / factor)  # from the pre-update variance
-    torch.neg(bar, out=neg_bar)
-    params.add_(torch.clamp(deltas, min=neg_bar, max=bar, out=clipped))
+    bounds, clipped = scratch[:2], scratch[2:]
+    root = torch.sqrt(params[1], out=clipped[0])  # from the pre-update variance
+    torch.mul(root, _signed_inverse(factor, params), out=bounds)  # (2, P): −bar, +bar
+    params.add_(torch.clamp(deltas, min=bounds[0], max=bounds[1], out=clipped))
     # threshold: v if v > 0 else VAR_FLOOR, i.e. exactly the floor rule, in one fused op.
     F.threshold_(params[1], 0.0, VAR_FLOOR)
+
+
+_SIGNED_INVERSES: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _signed_inverse(factor: float, like: torch.Tensor) -> torch.Tensor:
+    """The (2, 1) column (−1/c, 1/c) in `like`'s dtype and device, made once per factor.
+
+    sqrt(v)·(−1/c) is exactly −(sqrt(v)·(1/c)): both bounds come out of one multiplication.
+    """
+    key = (factor, like.dtype, like.device)
+    if key not in _SIGNED_INVERSES:
+        _SIGNED_INVERSES[key] = torch.tensor([[-1.0 / factor], [1.0 / factor]],
+                                             dtype=like.dtype, device=like.device)
+    return _SIGNED_INVERSES[key]
 
 
 LayerT = TypeVar("LayerT", bound="Layer")

@@ -5,7 +5,7 @@
     net = DDPSequential(Sequential(Linear(1, 16), ReLU(), Linear(16, 2)), config)
     mu, var = net(x_local)                             # each rank: its own shard of the batch
     updater.update(net.output_z_buffer, y_local, var_y, net.input_delta_z_buffer)
-    net.backward(); net.step()                         # one all-reduce, then the capped update
+    net.backward(); net.step()                         # all-reduce of the deltas, capped update
 
 Sum mode (`average=False`, the default here) applies `Σ_r Δ_r`, the deltas of the whole global
 batch, with the step cap of the global batch size, and (by default) every BatchNorm layer
@@ -28,6 +28,18 @@ rank normalises with its local statistics and the running statistics are average
 ranks after every step, riding in the delta all-reduce. The default is True in sum mode and
 False in average mode; True with `average=True` is allowed (global statistics, averaged deltas),
 a combination pytagi does not have.
+
+Overlap (`overlap=True`, the default): the deltas are all-reduced in buckets of whole
+top-level layers (a nested block's leaves are contiguous in the flat buffer, so each layer owns
+one contiguous slice). `backward()` finishes the layers from the output side; as soon as a
+bucket's layers are done, their deltas are scaled (g → Δ) and the bucket's all-reduce starts
+asynchronously while the layers nearer the input still compute. `step()` waits for every
+bucket, then steps. The last bucket (the input side) also carries the local batch size and,
+without synchronised BatchNorm, the running statistics. The sums are the same element by
+element as with one bucket, so the result does not depend on the bucketing (bitwise for 2
+ranks). With `overlap=False` one all-reduce of everything runs inside `step()`. Deltas edited
+in place between `backward()` and `step()` need `overlap=False`: with overlap they are already
+on their way.
 
 The only tagi module that imports `dptrain.dist`: layers never see the process group.
 """
@@ -78,8 +90,143 @@ def _gather_stats(local: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
+DEFAULT_BUCKET_BYTES = 256 * 1024
+"""A bucket of deltas is sent once it holds at least this many bytes (whole top-level layers,
+from the output side). Each collective has a fixed cost: on gloo between 2 ranks on a loaded
+2-core machine, two all-reduces took ~1.3 ms more than one of the same total size (~3 ms per
+MB), so a bucket much smaller than ~300 KB costs more than it can hide. Measured with
+bench/tagi_ddp.py-style paired runs there: pytagi's MNIST CNN (2 buckets at 256 KiB) stepped
+10-15 % faster than with one all-reduce in step(), 64 KiB (3 buckets) and one bucket per layer
+less so; the 784-128-128 FNN stays one bucket at 256 KiB (started as its backward ends) and was
+no slower, while 64 KiB (2 buckets) raised its communication wait. torch DDP's 25 MB would
+hold every network measured there in a single bucket."""
+
+
+class _Bucket:
+    """Columns [start, end) of the (2, P) deltas, reduced as one collective over
+    `size` elements of the reducer's buffer from `offset` on."""
+
+    __slots__ = ("start", "end", "offset", "size", "work")
+
+    def __init__(self, start: int, end: int, offset: int, size: int) -> None:
+        self.start, self.end, self.offset, self.size = start, end, offset, size
+        self.work: Any = None
+
+
+def _plan(columns: list[tuple[int, int]], bucket_elements: int | None) -> list[tuple[int, int]]:
+    """Buckets of whole top-level layers, from the output side: a bucket closes once it holds
+    `bucket_elements` columns or more; the last one starts at column 0 (it is always there, as
+    it carries the batch size). None: one bucket for everything."""
+    total = columns[-1][1] if columns else 0
+    if bucket_elements is None:
+        return [(0, total)]
+    buckets, end = [], total
+    for start, stop in reversed(columns):
+        if stop > start and start > 0 and end - start >= bucket_elements:
+            buckets.append((start, end))
+            end = start
+    return buckets + [(0, end)]
+
+
+class _DeltaReducer:
+    """Sums the model's `flat_deltas` over the ranks bucket by bucket with asynchronous
+    all-reduces, the last bucket also carrying the local batch size and (`with_state`) the
+    running statistics.
+
+    `columns_final(start)` starts every bucket whose columns all lie in [start, P); `finish()`
+    waits for them in order and copies the sums back (divided by N in average mode).
+    Collectives are issued in the same order on every rank because the plan only depends on
+    the architecture, which construction checked to be the same everywhere.
+    """
+
+    def __init__(self, model: Sequential, average: bool, with_state: bool,
+                 bucket_bytes: int | None, world_size: int) -> None:
+        self.model, self.average, self.with_state = model, average, with_state
+        self.world_size = world_size
+        row_bytes = 2 * model.dtype.itemsize  # one column: its mean and variance delta
+        plan = _plan(model.layer_delta_columns(),
+                     None if bucket_bytes is None else -(-bucket_bytes // row_bytes))
+        extra = (model.flat_state.numel() if with_state else 0) + 1
+        self.buckets, offset = [], 0
+        for i, (start, end) in enumerate(plan):
+            size = 2 * (end - start) + (extra if i == len(plan) - 1 else 0)
+            self.buckets.append(_Bucket(start, end, offset, size))
+            offset += size
+        self._size = offset
+        self._buffer: torch.Tensor | None = None
+        self._next = 0  # buckets started this step
+        self.num_collectives = 0
+        self.comm_seconds = 0.0
+
+    def _op(self, i: int) -> str:
+        return f"all_reduce(tagi deltas, bucket {i + 1} of {len(self.buckets)})"
+
+    def _region(self, bucket: _Bucket) -> torch.Tensor:
+        deltas = self.model.flat_deltas
+        buf = self._buffer
+        if buf is None or buf.device != deltas.device or buf.dtype != deltas.dtype:
+            buf = self._buffer = deltas.new_empty(self._size)  # reused every step
+        return buf[bucket.offset:bucket.offset + bucket.size]
+
+    def columns_final(self, start: int) -> None:
+        """Columns [start, P) of the deltas hold their final local values: send what fits."""
+        while self._next < len(self.buckets) and self.buckets[self._next].start >= start:
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, i: int) -> None:
+        bucket = self.buckets[i]
+        region, n = self._region(bucket), bucket.end - bucket.start
+        region[:2 * n].view(2, n).copy_(self.model.flat_deltas[:, bucket.start:bucket.end])
+        if i == len(self.buckets) - 1:
+            if self.with_state:
+                region[2 * n:-1].copy_(self.model.flat_state)
+            region[-1] = self.model.last_batch_size  # exact in float32 up to 2**24 samples
+        began = time.perf_counter()
+        bucket.work = guarded(self._op(i), bucket.size,
+                              lambda: torch.distributed.all_reduce(region, async_op=True))
+        self.comm_seconds += time.perf_counter() - began
+        self.num_collectives += 1
+
+    def _wait(self, i: int) -> None:
+        bucket = self.buckets[i]
+        began = time.perf_counter()
+        try:  # a dead or hung peer surfaces here, after the process group's timeout at most
+            guarded(self._op(i), bucket.size, bucket.work.wait)
+        finally:
+            bucket.work = None
+            self.comm_seconds += time.perf_counter() - began
+
+    def finish(self) -> int:
+        """Wait for every bucket, write the sums (means) into the deltas and, without
+        synchronised BatchNorm, the mean running statistics into the state; returns the global
+        batch size."""
+        assert self._next == len(self.buckets), "finish() before every bucket was started"
+        self._next = 0
+        deltas = self.model.flat_deltas
+        for i, bucket in enumerate(self.buckets):
+            self._wait(i)
+            n = bucket.end - bucket.start
+            deltas[:, bucket.start:bucket.end].copy_(self._region(bucket)[:2 * n].view(2, n))
+        if self.average:  # gloo has no AVG op; dividing the sum keeps the ranks bit-identical
+            deltas.div_(self.world_size)
+        last = self.buckets[-1]
+        tail = self._region(last)[2 * (last.end - last.start):]
+        if self.with_state:
+            self.model.flat_state.copy_(tail[:-1].div_(self.world_size))
+        return int(tail[-1].item())
+
+    def drain(self) -> None:
+        """Wait for (and drop) the buckets of a backward that no step() followed, so the next
+        step's collectives pair up with the other ranks' again."""
+        for i in range(self._next):
+            if self.buckets[i].work is not None:
+                self._wait(i)
+        self._next = 0
+
+
 class DDPSequential:
-    """A `Sequential` whose `step()` first all-reduces every rank's deltas as one flat bucket.
+    """A `Sequential` whose deltas are summed (averaged) over the ranks before every step.
 
     Same loop surface as `Sequential`: call/forward, `output_z_buffer`, `input_delta_z_buffer`,
     backward, step, train, eval, state_dict, load_state_dict, save, load; anything else is
@@ -91,11 +238,14 @@ class DDPSequential:
     flat buffers) from rank 0.
 
     `sync_batchnorm`: None (default) = True in sum mode, False in average mode; see the module
-    docstring.
+    docstring. `overlap` (default True): all-reduce bucket by bucket during `backward()`;
+    `bucket_bytes`: the size at which a bucket is sent (see DEFAULT_BUCKET_BYTES). Neither
+    changes the result. `num_collectives`, `comm_seconds` and `buckets` describe the traffic.
     """
 
     def __init__(self, model: Sequential, config: DDPConfig, average: bool = False,
-                 sync_batchnorm: bool | None = None) -> None:
+                 sync_batchnorm: bool | None = None, overlap: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"DDPSequential wraps a dptrain.tagi.Sequential, got "
                             f"{type(model).__name__}")
@@ -112,12 +262,13 @@ class DDPSequential:
         dd.broadcast_tensors([t for t in (model.flat_params, model.flat_state) if t.numel()])
         self._batchnorms = [layer for layer in model.descendants()
                             if isinstance(layer, BatchNorm2d)]
-        self.num_collectives = 0
-        """All-reduce calls issued by step() so far (one per step; tests and benches read it)."""
-        self.comm_seconds = 0.0
-        """Wall time spent in those all-reduces, waiting for slower ranks included."""
+        if bucket_bytes < 1:
+            raise ConfigError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        self.overlap, self.bucket_bytes = overlap, bucket_bytes
         self.global_batch_size: int | None = None
-        self._bucket: torch.Tensor | None = None
+        self._reducer = None if self.world_size == 1 else _DeltaReducer(
+            model, self.average, with_state=not self.sync_batchnorm,
+            bucket_bytes=bucket_bytes if overlap else None, world_size=self.world_size)
 
     # -------------------------------------------------------------------------- the loop
     def forward(self, mu_x: Any, var_x: Any = None) -> Any:
@@ -138,15 +289,29 @@ class DDPSequential:
     __call__ = forward
 
     def backward(self) -> None:
-        self.model.backward()
+        """The model's backward; with overlap, each bucket's all-reduce starts as soon as the
+        layers it holds are done, while the layers nearer the input still compute."""
+        if not (self.overlap and self.world_size > 1):
+            self.model.backward()
+            return
+        self._reducer.drain()  # an earlier backward never followed by step()
+        self.model.deltas_ready = self._reducer.columns_final
+        try:  # scoped to this call: the model used on its own later scales all at once
+            self.model.backward()
+        finally:
+            self.model.deltas_ready = None
+        self._reducer.columns_final(0)  # whatever is left: a network without parameters
 
     def step(self) -> None:
-        """All-reduce the deltas (sum or mean) in one collective, then the capped update."""
+        """Finish the all-reduce of the deltas (sum or mean), then the capped update."""
         local_batch = self.model.last_batch_size
         if local_batch is None:
             raise RuntimeError("step() needs a forward in training mode first")
         if self.world_size > 1:
-            self.global_batch_size = self._all_reduce_deltas(local_batch)
+            # Without an overlapped backward (overlap off, or the model's own backward was
+            # called) the reduction starts here, whole.
+            self._reducer.columns_final(0)
+            self.global_batch_size = self._reducer.finish()
         else:
             self.global_batch_size = local_batch
         # Sum mode caps with the global batch (equivalence); average mode with the mean local
@@ -159,31 +324,24 @@ class DDPSequential:
         finally:
             self.model.cap_batch_size = saved
 
-    def _all_reduce_deltas(self, local_batch: int) -> int:
-        """One collective carries every delta, the running statistics when BatchNorm is not
-        synchronised (to be averaged), and the local batch size (for the cap)."""
-        deltas = self.model.flat_deltas  # (2, P)
-        state = self.model.flat_state if not self.sync_batchnorm else deltas.new_empty(0)  # (S,)
-        size = deltas.numel() + state.numel() + 1
-        bucket = self._bucket
-        if bucket is None or bucket.numel() != size or \
-                bucket.device != deltas.device or bucket.dtype != deltas.dtype:
-            bucket = self._bucket = deltas.new_empty(size)  # reused every step
-        split = deltas.numel()
-        bucket[:split].copy_(deltas.reshape(-1))
-        bucket[split:-1].copy_(state)
-        bucket[-1] = local_batch  # exact in float32 up to 2**24 samples per step
-        start = time.perf_counter()
-        guarded("all_reduce(tagi deltas)", bucket.numel(),
-                lambda: torch.distributed.all_reduce(bucket))
-        self.comm_seconds += time.perf_counter() - start
-        self.num_collectives += 1
-        if self.average:
-            bucket[:split].div_(self.world_size)
-        deltas.copy_(bucket[:split].view_as(deltas))
-        if state.numel():
-            state.copy_(bucket[split:-1].div_(self.world_size))
-        return int(bucket[-1].item())
+    @property
+    def num_collectives(self) -> int:
+        """All-reduce calls issued for the deltas so far (one per bucket per step)."""
+        return self._reducer.num_collectives if self._reducer else 0
+
+    @property
+    def comm_seconds(self) -> float:
+        """Wall time this rank was blocked on the delta all-reduce: starting it and waiting for
+        it, waiting for a slower rank included; communication hidden behind the backward is
+        not counted."""
+        return self._reducer.comm_seconds if self._reducer else 0.0
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """[start, end) columns of `flat_deltas` of each bucket, in the order they are
+        reduced (from the output side); the last one also carries the batch size and, without
+        synchronised BatchNorm, the running statistics."""
+        return [(b.start, b.end) for b in self._reducer.buckets] if self._reducer else []
 
     # ------------------------------------------------------------------ replica checks
     def _check_same_architecture(self) -> None:

@@ -53,9 +53,34 @@ class Linear(ParamLayer):
     def clear_cache(self) -> None:
         self._mu_a: torch.Tensor | None = None  # (B, I) input mean of the last training forward
         self._mu_a_sq: torch.Tensor | None = None  # (B, I)
-        self._mu_w_sq: torch.Tensor | None = None  # (O, I), also needed by the backward
+        self._mu_w_sq: torch.Tensor | None = None  # (O, I) m_W² of that forward, for backward
         self._jcb: torch.Tensor | None = None  # (B, I) J of the input, None = 1
+        self._jcb_is_mask = False  # J ∈ {0, 1}, so J² = J
         self._in_shape: tuple[int, ...] = ()  # (B, I) or the (B, C, H, W) it was flattened from
+        # (m_W, v_W, their version, m_W², m_W² + v_W): see _weight_moments
+        self._weight_cache: tuple | None = None
+
+    def _weight_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m_W², m_W² + v_W), each (O, I), computed once per version of the parameters.
+
+        Within a training step the parameters do not change between forward and backward, and
+        between steps an evaluation loop forwards many batches with the same ones, so the two
+        products are cached. The cache is keyed on the tensors themselves (re-binding by `to()`
+        or `Sequential` makes new ones) and on torch's version counter, which every in-place
+        torch operation on them or on any view of their storage bumps: `step()`,
+        `load_state_dict`, a broadcast copied in, `flat_params[...] = x`, `mu_w.add_(…)`.
+        Writes that bypass torch (through a numpy view, or `.data`) do not bump it; call
+        `clear_cache()` after those.
+        """
+        mu_w, var_w = self.mu_w, self.var_w
+        version = _version(mu_w), _version(var_w)
+        cache = self._weight_cache
+        if (cache is None or cache[0] is not mu_w or cache[1] is not var_w or
+                cache[2] != version or version[0] is None):
+            mu_w_sq = mu_w * mu_w
+            cache = (mu_w, var_w, version, mu_w_sq, mu_w_sq + var_w)
+            self._weight_cache = cache
+        return cache[3], cache[4]
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         mu_a, var_a, jcb = states.mu_a, states.var_a, states.jcb  # (B, I) or (B, C, H, W)
@@ -69,18 +94,17 @@ class Linear(ParamLayer):
                              f"{image}, got {tuple(states.mu_a.shape)}")
         mu_a_sq = mu_a * mu_a
         mu_z = F.linear(mu_a, self.mu_w, self.mu_b)  # (B, O)
-        # v_Z = v_A (m_W² + v_W)ᵀ + m_A² v_Wᵀ + v_B, computed as (m_A² + v_A) v_Wᵀ + v_A (m_W²)ᵀ
-        # + v_B (B×I temporaries instead of O×I). A deterministic input (the usual network
-        # input) skips the second matmul and m_W², the costliest terms of a wide first layer.
+        # v_Z = m_A² v_Wᵀ + v_A (m_W² + v_W)ᵀ + v_B. A deterministic input (the usual network
+        # input) needs neither the second product nor m_W², the costliest terms of a wide first
+        # layer; otherwise m_W² + v_W comes from a cache kept per parameter version.
+        var_z = F.linear(mu_a_sq, self.var_w, self.var_b)
         mu_w_sq = None
-        if var_a is None:
-            var_z = F.linear(mu_a_sq, self.var_w, self.var_b)  # (B, O)
-        else:
-            mu_w_sq = self.mu_w * self.mu_w  # (O, I)
-            var_z = F.linear(mu_a_sq + var_a, self.var_w, self.var_b)
-            var_z.addmm_(var_a, mu_w_sq.t())
+        if var_a is not None:
+            mu_w_sq, var_w_total = self._weight_moments()
+            var_z.addmm_(var_a, var_w_total.t())
         if self.training:
             self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = mu_a, mu_a_sq, mu_w_sq, jcb
+            self._jcb_is_mask = states.jcb_is_mask
             self._in_shape = tuple(states.mu_a.shape)
         return HiddenStates(mu_z, var_z, None)
 
@@ -98,14 +122,25 @@ class Linear(ParamLayer):
             torch.sum(delta_var, 0, out=self.delta_var_b)
         if not need_input_delta:
             return None
-        mu_w_sq = self._mu_w_sq if self._mu_w_sq is not None else self.mu_w * self.mu_w
+        mu_w_sq = self._mu_w_sq if self._mu_w_sq is not None else self._weight_moments()[0]
         delta_mu_in = torch.mm(delta_mu, self.mu_w)  # (B, I)
         delta_var_in = torch.mm(delta_var, mu_w_sq)
         if self._jcb is not None:
             delta_mu_in.mul_(self._jcb)
-            delta_var_in.mul_(self._jcb).mul_(self._jcb)
+            delta_var_in.mul_(self._jcb)
+            if not self._jcb_is_mask:  # J ∈ {0, 1} (ReLU): J² = J, one pass saved
+                delta_var_in.mul_(self._jcb)
         # The innovations have the shape of the state they belong to (views, no copy).
         return DeltaStates(delta_mu_in.view(self._in_shape), delta_var_in.view(self._in_shape))
 
     def __repr__(self) -> str:
         return f"Linear({self.input_size}, {self.output_size}, bias={self.bias})"
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """torch's in-place write counter of `tensor`'s storage; None where torch keeps none
+    (tensors made under torch.inference_mode), which disables caching."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None

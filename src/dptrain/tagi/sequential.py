@@ -5,7 +5,8 @@ Shape legend: B batch, I input width, N output width, P flat parameter count.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, overload
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from dptrain.tagi import _io
 from dptrain.tagi._inputs import as_input, checked_output_delta, float_dtype
 from dptrain.tagi._pack import ParameterPack, StatePack
-from dptrain.tagi.base import Layer, cap_factor
+from dptrain.tagi.base import Layer, ParamLayer, cap_factor
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 
@@ -43,6 +44,11 @@ class Sequential(Layer):
             into `input_delta_x` (pytagi's flag of the same name); default False.
         check_inputs: validate forward inputs for NaN/inf (one reduction and one host sync per
             forward); default True.
+        deltas_ready: when set (a callable taking a column index `start`), `backward()` turns
+            each top-level layer's g into Δ as soon as that layer is done and then calls
+            `deltas_ready(start)`: columns [start, P) of `flat_deltas` are final, so a
+            data-parallel wrapper can start reducing them while earlier layers compute.
+            None (default): all deltas are scaled at once at the end.
     """
 
     def __init__(self, *layers: Layer, dtype: torch.dtype | None = None,
@@ -57,6 +63,8 @@ class Sequential(Layer):
         self.last_batch_size: int | None = None
         self.input_state_update = False
         self.check_inputs = True
+        self.deltas_ready: Callable[[int], None] | None = None
+        self._columns: list[tuple[int, int]] | None = None
         self.output_z_buffer: HiddenStates | None = None
         self.input_delta_z_buffer = DeltaStates()
         self.input_delta_x: DeltaStates | None = None
@@ -96,6 +104,22 @@ class Sequential(Layer):
             raise RuntimeError(f"{self.label}: this Sequential is a block of another one; call "
                                "step() / flat buffers on the outermost Sequential")
         return self._pack
+
+    def layer_delta_columns(self) -> list[tuple[int, int]]:
+        """[start, end) of each top-level layer's columns in `flat_deltas` (and `flat_params`);
+        (s, s) for a layer without parameters. A nested block's leaves are contiguous, so every
+        top-level layer owns one contiguous slice, and the slices follow the layer order."""
+        if self._columns is not None:  # the layers' shapes never change after construction
+            return self._columns
+        columns, start = [], 0
+        for layer in self.layers:
+            leaves = [layer] if isinstance(layer, ParamLayer) else layer.parametric_leaves()
+            end = start + sum(math.prod(shape) for leaf in leaves
+                              for _, shape in leaf.param_groups())
+            columns.append((start, end))
+            start = end
+        self._columns = columns
+        return columns
 
     def clear_cache(self) -> None:
         for layer in self.layers:
@@ -219,17 +243,39 @@ class Sequential(Layer):
                 raise RuntimeError("backward() needs the last forward in training mode "
                                    "(net.train()); it was an evaluation forward")
             need_input_delta = self.input_state_update
+        ready = self.deltas_ready if self._pack is not None else None
         with torch.no_grad():
-            for i in range(len(self.layers) - 1, self._first_param - 1, -1):
-                layer = self.layers[i]
-                if not layer.is_activation:
-                    delta = layer.backward(delta, bool(need_input_delta) or i > self._first_param)
-            if self._pack is not None:  # the outermost Sequential owns the delta storage
-                self._pack.scale_deltas()
+            if ready is None:
+                for i in range(len(self.layers) - 1, self._first_param - 1, -1):
+                    layer = self.layers[i]
+                    if not layer.is_activation:
+                        delta = layer.backward(delta,
+                                               bool(need_input_delta) or i > self._first_param)
+                if self._pack is not None:  # the outermost Sequential owns the delta storage
+                    self._pack.scale_deltas()
+            else:
+                delta = self._backward_announcing(delta, bool(need_input_delta), ready)
         if top_level and not self._bindings_checked:
             self._check_bindings()
         if top_level:
             self.input_delta_x = delta if need_input_delta else None
+        return delta
+
+    def _backward_announcing(self, delta: DeltaStates, need_input_delta: bool,
+                             ready: Callable[[int], None]) -> DeltaStates | None:
+        """The layer loop of `backward()`, scaling and announcing each parametric top-level
+        layer's deltas as soon as it is done (see `deltas_ready`)."""
+        assert self._pack is not None
+        columns = self.layer_delta_columns()
+        for i in range(len(self.layers) - 1, self._first_param - 1, -1):
+            layer = self.layers[i]
+            if layer.is_activation:
+                continue
+            delta = layer.backward(delta, need_input_delta or i > self._first_param)
+            start, end = columns[i]
+            if end > start:
+                self._pack.scale_deltas(start, end)
+                ready(start)
         return delta
 
     def _check_bindings(self) -> None:

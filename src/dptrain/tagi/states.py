@@ -25,6 +25,8 @@ class HiddenStates:
     mu_a: torch.Tensor  # (B, N) or (B, C, H, W)
     var_a: torch.Tensor | None  # same shape as mu_a; None = deterministic (all zeros)
     jcb: torch.Tensor | None = None  # same shape as mu_a; None = 1
+    #: J is 0 or 1 everywhere (ReLU), so J² = J: a backward may scale δv by J once.
+    jcb_is_mask: bool = False
 
     @property
     def batch_size(self) -> int:
