@@ -152,6 +152,53 @@ def test_conv_equals_linear_on_unfolded_patches(kwargs, h, w):
                                    msg=name)
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(padding=1), dict(stride=2, padding=1, padding_type=2, bias=False),
+    dict(stride=3, padding=2),
+])
+def test_one_channel_first_layer_as_matmuls_equals_the_convolutions(kwargs):
+    """A deterministic 1-channel input takes the unfolded-patches path (`_forward_unfolded`);
+    the same input with an explicit zero variance takes the convolution path. Outputs (in
+    channels-last layout), input innovations and all deltas agree to float64 rounding."""
+    g = gen(8)
+    mu_a = torch.randn(3, 1, 8, 14, generator=g, dtype=F64)
+    jcb = torch.rand(3, 1, 8, 14, generator=g, dtype=F64)
+    results = []
+    for var_a in (None, torch.zeros_like(mu_a)):
+        conv = _conv(9, 1, 4, 3, **kwargs)
+        out = conv.forward(HiddenStates(mu_a, var_a, jcb))
+        assert (conv._patches is not None) == (var_a is None)  # both paths really ran
+        assert out.mu_a.is_contiguous(memory_format=torch.channels_last)
+        gd = gen(10)
+        d_mu = torch.randn(out.mu_a.shape, generator=gd, dtype=F64)
+        d_var = -torch.rand(out.mu_a.shape, generator=gd, dtype=F64)
+        back = conv.backward(DeltaStates(d_mu, d_var), need_input_delta=True)
+        conv.scale_deltas_()
+        results.append([out.mu_a, out.var_a, back.delta_mu, back.delta_var,
+                        *(t.clone() for _, t in conv.named_delta_tensors())])
+        assert conv.backward(DeltaStates(d_mu, d_var), need_input_delta=False) is None
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_image_states_are_channels_last_and_layout_does_not_matter():
+    """Conv and pooling layers hand on channels-last states; an NCHW and a channels-last
+    input give the same outputs and deltas (float64), a Linear after them flattens C-major."""
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        manual_seed(3)
+        net = Sequential(Conv2d(2, 4, 3, padding=1), ReLU(), AvgPool2d(3, 2),
+                         Conv2d(4, 3, 2), MixtureReLU(), Linear(3 * 2 * 2, 2), dtype=F64)
+        states = net.layers[0].forward(HiddenStates(x, None))
+        assert states.mu_a.is_contiguous(memory_format=torch.channels_last)
+        mu, var = net(x)
+        regression_step(net, x, torch.ones(x.shape[0], 2), 0.1, do_step=False)
+        return [mu, var, *deltas(net).values()]
+
+    x = torch.randn(3, 2, 7, 7, generator=gen(11), dtype=F64)
+    for got, want in zip(run(x), run(x.contiguous(memory_format=torch.channels_last))):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def _sum_pool_conv(padding_type: int, size: int) -> torch.Tensor:
     """A 2x2 all-ones kernel at stride 2 with one pixel of padding on an arange image."""
     conv = Conv2d(1, 1, 2, bias=False, stride=2, padding=1, padding_type=padding_type,
@@ -308,3 +355,25 @@ def test_package_docstring_cnn_example_runs():
     namespace["torch"] = torch
     exec(textwrap.dedent(example), namespace)  # noqa: S102
     assert namespace["mu"].shape == (32, 11) and namespace["var"].shape == (32, 11)
+
+
+def test_evaluation_forward_between_forward_and_backward_changes_nothing():
+    """On both Conv2d paths (1-channel deterministic input: unfolded patches; otherwise the
+    convolutions) an evaluation forward between a training forward and the backward leaves
+    what the backward uses untouched: the same innovations and deltas as without it."""
+    for c in (1, 2):
+        x = torch.randn(4, c, 6, 6, generator=gen(12), dtype=F64)
+        other = torch.randn(2, c, 6, 6, generator=gen(13), dtype=F64)
+        d = torch.randn(4, 3, 6, 6, generator=gen(14), dtype=F64)
+        results = []
+        for interleave in (False, True):
+            conv = _conv(15, c, 3, 3, padding=1)
+            conv.forward(HiddenStates(x, None))
+            if interleave:
+                conv.eval().forward(HiddenStates(other, None))
+                conv.train()
+            back = conv.backward(DeltaStates(d, -d.abs()), need_input_delta=True)
+            results.append([back.delta_mu, back.delta_var,
+                            *(t.clone() for _, t in conv.named_delta_tensors())])
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)

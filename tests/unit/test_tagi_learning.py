@@ -74,12 +74,17 @@ def _cnn() -> Sequential:
 @pytest.mark.slow
 def test_cnn_digits_learns_like_pytagi():
     """The CNN, HRC head, batch 32, σ_v = 0.05, 10 epochs, on the built-in digit images
-    (1, 8, 8) = pixels/16 minus the training mean: mean test error over seeds 0-2 ≤ 2.5 %
-    (about 33 s on 2 idle cores)."""
+    (1, 8, 8) = pixels/16 minus the training mean: mean test error over seeds 0-5 ≤ 2.5 %
+    (about 1 min on 2 idle cores).
+
+    Six seeds, not three: one seed's error moves by ±1 % (3-4 of the 360 test images) when
+    only the float32 rounding of the kernels changes (e.g. channels-last convolutions), and
+    the mean of three sat at the bar (1.9 / 2.5 / 3.3 % against 3.1 / 2.2 / 1.7 % before such
+    a change; seeds 3-8 gave identical errors both ways)."""
     split = load_digit_images(flat=False)
     data = (split.train.x, split.train.y, split.test.x, split.test.y)
     assert data[0].shape == (1437, 1, 8, 8)
-    errors = [_digits_error(seed, data, _cnn) for seed in range(3)]
+    errors = [_digits_error(seed, data, _cnn) for seed in range(6)]
     assert np.mean(errors) <= CNN_DIGITS_ERROR, f"test errors {errors} %"
 
 

@@ -7,6 +7,11 @@ any other value means no padding, and pytagi then leaves its padded-image geomet
 `(size − kernel + P) / stride + 1` with P = 2p (type 1), p (type 2), where the division must be
 exact (pytagi throws otherwise; torch would silently drop the last rows and columns).
 
+Image states are kept channels-last (NHWC in memory, still indexed (B, C, H, W)): torch's CPU
+convolution and pooling kernels run much faster on it, elementwise ops keep the layout, and
+`flatten` (a Linear after the conv stack) still reads channel-major. `channels_last` converts a
+state at the entry of each image layer; it is a no-op for a state that already is.
+
 Torch's kernels take only symmetric padding, so type 2 pads the input explicitly
 (`F.pad(x, (0, p, 0, p))`) and runs the kernel unpadded; the innovations for the padded input
 are cropped back to the image. Shape legend: B batch, C channels, H, W height and width.
@@ -18,6 +23,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+def channels_last(x: torch.Tensor | None) -> torch.Tensor | None:
+    """x (B, C, H, W) laid out channels-last (unchanged if it already is, or None)."""
+    return None if x is None else x.contiguous(memory_format=torch.channels_last)
 
 
 def positive_int(owner: str, name: str, value: object) -> int:
@@ -98,7 +108,7 @@ class Window:
         """Innovations for the padded input (B, C, H+p, W+p) cut back to the image (B, C, H, W)."""
         if not self.pads_explicitly:
             return x
-        return x[:, :, :height, :width].contiguous()
+        return x[:, :, :height, :width].contiguous(memory_format=torch.channels_last)
 
     def pad_all(self, x: torch.Tensor | None, value: float = 0.0) -> torch.Tensor | None:
         """x (B, C, H, W) with every padded position made explicit (for pooling kernels, whose
@@ -114,7 +124,8 @@ class Window:
         if not self.padding:
             return x
         top = self.padding if self.padding_type == 1 else 0
-        return x[:, :, top:top + height, top:top + width].contiguous()
+        return x[:, :, top:top + height, top:top + width].contiguous(
+            memory_format=torch.channels_last)
 
     def describe(self) -> str:
         """The non-default arguments, for a layer's repr."""

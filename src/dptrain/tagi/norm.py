@@ -67,9 +67,9 @@ def _norm_forward(mu_a: torch.Tensor, var_a: torch.Tensor | None, mean: torch.Te
     r = torch.rsqrt(var + eps)
     x_hat = (mu_a - mean).mul_(r)
     mu_z = x_hat * mu_w
-    var_z = x_hat.square() * var_w
+    var_z = x_hat.square().mul_(var_w)  # in place on temporaries: fewer full-size allocations
     if var_a is not None:
-        var_z.add_(var_a * (r * r) * (mu_w * mu_w + var_w))
+        var_z.add_((var_a * (r * r)).mul_(mu_w * mu_w + var_w))
     if mu_b is not None and var_b is not None:
         mu_z.add_(mu_b)
         var_z.add_(var_b)
@@ -129,15 +129,17 @@ class _Norm(ParamLayer):
         delta_mu, delta_var = delta.delta_mu, delta.delta_var
         dims = (0,) + tuple(range(2, delta_mu.dim()))  # all but the channel dim
         # out= keeps the flat-buffer delta storage (see Sequential._check_bindings).
+        # In place only on fresh temporaries: `delta` may be shared (a residual block feeds the
+        # same innovations to both branches). Same products in the same order as the formulas.
         torch.sum(self._x_hat * delta_mu, dims, out=self.delta_mu_w)
-        torch.sum(self._x_hat.square() * delta_var, dims, out=self.delta_var_w)
+        torch.sum(self._x_hat.square().mul_(delta_var), dims, out=self.delta_var_w)
         if self.bias:
             torch.sum(delta_mu, dims, out=self.delta_mu_b)
             torch.sum(delta_var, dims, out=self.delta_var_b)
         if not need_input_delta:
             return None
         gain = self._gain if self._jcb is None else self._gain * self._jcb
-        return DeltaStates(delta_mu * gain, delta_var * gain * gain)
+        return DeltaStates(delta_mu * gain, (delta_var * gain).mul_(gain))
 
 
 class BatchNorm2d(_Norm):

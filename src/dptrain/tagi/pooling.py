@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dptrain.tagi._spatial import Window, check_image
+from dptrain.tagi._spatial import Window, channels_last, check_image
 from dptrain.tagi.base import Layer
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
@@ -45,9 +45,9 @@ class _Pool2d(Layer):
         height, width = self._in_hw
         delta_mu = self.window.crop_all(delta_mu, height, width)
         delta_var = self.window.crop_all(delta_var, height, width)
-        if self._jcb is not None:
-            delta_mu = delta_mu * self._jcb
-            delta_var = delta_var * self._jcb * self._jcb
+        if self._jcb is not None:  # in place: both are fresh (the kernel's output or a crop)
+            delta_mu.mul_(self._jcb)
+            delta_var.mul_(self._jcb).mul_(self._jcb)
         return DeltaStates(delta_mu, delta_var)
 
     def _need_forward(self) -> None:
@@ -96,13 +96,14 @@ class AvgPool2d(_Pool2d):
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         self._check(states)
-        mu_a = self.window.pad_all(states.mu_a)  # (B, C, H + P, W + P)
+        # Channels-last (see _spatial): the backward kernel is ~5x faster on it than on NCHW.
+        mu_a = channels_last(self.window.pad_all(states.mu_a))  # (B, C, H + P, W + P)
         kernel = self._averaging_kernel(mu_a)
         channels, k, s = mu_a.shape[1], self.kernel_size, self.stride
         mu_z = F.conv2d(mu_a, kernel, None, s, 0, 1, channels)  # (B, C, Ho, Wo)
         var_z = None
         if states.var_a is not None:
-            var_a = self.window.pad_all(states.var_a)
+            var_a = channels_last(self.window.pad_all(states.var_a))
             var_z = F.conv2d(var_a, kernel, None, s, 0, 1, channels).mul_(1.0 / (k * k))
         if self.training:
             self._remember(states)
@@ -113,8 +114,8 @@ class AvgPool2d(_Pool2d):
         """Σ over the windows holding each (padded) input of delta / k²: avg_pool2d's
         vector-Jacobian product (faster here than the depthwise convolution's)."""
         k, s = self.kernel_size, self.stride
-        return _avg_pool_backward(delta, self._padded, [k, k], [s, s], [0, 0], False, True,
-                                  None)
+        return _avg_pool_backward(channels_last(delta), self._padded, [k, k], [s, s], [0, 0],
+                                  False, True, None)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
         self._need_forward()
