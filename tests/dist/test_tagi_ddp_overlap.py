@@ -120,7 +120,7 @@ def _sum_mode_per_layer_buckets(rank: int, world_size: int) -> dict:
     updater, out = OutputUpdater(), {}
     for name in ("fnn sum", "conv resnet+batchnorm sum, synchronised"):
         build, sample, _ = CASES[name]
-        ddp = DDPSequential(build(seed=rank), config, bucket_bytes=1)
+        ddp = DDPSequential(build(seed=rank), config, overlap=True, bucket_bytes=1)
         reference = build(seed=0)
         worst = 0.0
         for step in range(3):
@@ -143,7 +143,7 @@ def test_sum_mode_with_one_bucket_per_layer_equals_one_process():
 
 def _peer_gone_mid_backward(rank: int, world_size: int, how: str) -> str | None:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
-    ddp = DDPSequential(_fnn(seed=0), config, bucket_bytes=1)
+    ddp = DDPSequential(_fnn(seed=0), config, overlap=True, bucket_bytes=1)
     x, y = _data(0, sum(SIZES), (5,), F64)
     ddp(_shard(x, rank))
     OutputUpdater().update(ddp.output_z_buffer, _shard(y, rank), 0.2, ddp.input_delta_z_buffer)

@@ -29,7 +29,7 @@ ranks after every step, riding in the delta all-reduce. The default is True in s
 False in average mode; True with `average=True` is allowed (global statistics, averaged deltas),
 a combination pytagi does not have.
 
-Overlap (`overlap=True`, the default): the deltas are all-reduced in buckets of whole
+Overlap (`overlap=True`; off by default): the deltas are all-reduced in buckets of whole
 top-level layers (a nested block's leaves are contiguous in the flat buffer, so each layer owns
 one contiguous slice). `backward()` finishes the layers from the output side; as soon as a
 bucket's layers are done, their deltas are scaled (g → Δ) and the bucket's all-reduce starts
@@ -37,9 +37,12 @@ asynchronously while the layers nearer the input still compute. `step()` waits f
 bucket, then steps. The last bucket (the input side) also carries the local batch size and,
 without synchronised BatchNorm, the running statistics. The sums are the same element by
 element as with one bucket, so the result does not depend on the bucketing (bitwise for 2
-ranks). With `overlap=False` one all-reduce of everything runs inside `step()`. Deltas edited
-in place between `backward()` and `step()` need `overlap=False`: with overlap they are already
-on their way.
+ranks). With `overlap=False` (the default) one all-reduce of everything runs inside `step()`:
+on the 2-core CPU machines this project is measured on, where gloo's thread has no idle core,
+overlap measured 0.96x the samples/s of one all-reduce on both the FNN and the MNIST CNN
+(bench/tagi_ddp.py), so it is opt-in until a machine shows it paying. Deltas edited in place
+between `backward()` and `step()` need `overlap=False`: with overlap they are already on their
+way.
 
 The only tagi module that imports `dptrain.dist`: layers never see the process group.
 """
@@ -238,13 +241,13 @@ class DDPSequential:
     flat buffers) from rank 0.
 
     `sync_batchnorm`: None (default) = True in sum mode, False in average mode; see the module
-    docstring. `overlap` (default True): all-reduce bucket by bucket during `backward()`;
+    docstring. `overlap` (default False): all-reduce bucket by bucket during `backward()`;
     `bucket_bytes`: the size at which a bucket is sent (see DEFAULT_BUCKET_BYTES). Neither
     changes the result. `num_collectives`, `comm_seconds` and `buckets` describe the traffic.
     """
 
     def __init__(self, model: Sequential, config: DDPConfig, average: bool = False,
-                 sync_batchnorm: bool | None = None, overlap: bool = True,
+                 sync_batchnorm: bool | None = None, overlap: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"DDPSequential wraps a dptrain.tagi.Sequential, got "
