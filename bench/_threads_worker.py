@@ -34,7 +34,8 @@ def network(name: str, num_outputs: int):
 
 
 def main(name: str, batch: int, budget_s: float, warmup: int, out_dir: str) -> None:
-    from dptrain.tagi import DDPConfig, DDPSequential, HRCSoftmax, OutputUpdater, manual_seed
+    from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
+    from dptrain.tagi.ddp import DDPConfig, DDPSequential
 
     config = DDPConfig.from_env(backend="gloo")
     manual_seed(0)

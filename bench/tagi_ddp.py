@@ -75,7 +75,8 @@ def _worker(rank: int, world_size: int, threads: int, batch: int, steps: int, wa
         store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=120))
-    from dptrain.tagi import DDPConfig, DDPSequential, HRCSoftmax, OutputUpdater, manual_seed
+    from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
+    from dptrain.tagi.ddp import DDPConfig, DDPSequential
     from dptrain.tagi.ddp import DEFAULT_BUCKET_BYTES
 
     hrc = HRCSoftmax(10)

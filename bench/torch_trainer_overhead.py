@@ -193,7 +193,7 @@ def _worker(rank: int, repeat: int, batch: int, steps: int, epochs: int, tmp: st
     learner = TorchLearner(_model(), nn.CrossEntropyLoss(),
                            functools.partial(torch.optim.Adam, lr=LR))
     config = TrainConfig(out_dir=run_dir / "run", num_epochs=epochs,
-                         batch_size=batch * WORLD_SIZE, seed=SEED, resume="never",
+                         global_batch_size=batch * WORLD_SIZE, seed=SEED, resume="never",
                          eval_batch_size=EVAL_BATCH, progress=False)
     trainer = Trainer(learner, split, config, runtime)
 

@@ -20,9 +20,9 @@ from tqdm import tqdm
 from dptrain.data import ShardedSampler, load_cifar10
 from dptrain.data.datasets.synthetic import write_synthetic_cifar10
 from dptrain.dist import means, rank_zero_print, reduce_sum_count
-from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, DDPConfig, DDPSequential, HRCSoftmax,
-                          LayerBlock, Linear, MixtureReLU, OutputUpdater, ResNetBlock,
-                          Sequential, manual_seed)
+from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, HRCSoftmax, LayerBlock, Linear,
+                          MixtureReLU, OutputUpdater, ResNetBlock, Sequential, manual_seed)
+from dptrain.tagi.ddp import DDPConfig, DDPSequential
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--data", metavar="DIR", help="CIFAR-10 python or binary batches")

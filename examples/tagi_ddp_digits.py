@@ -15,8 +15,8 @@ from tqdm import tqdm
 
 from dptrain.data import ArrayDataset, ShardedSampler, load_digits, load_mnist
 from dptrain.dist import means, rank_zero_print, reduce_sum_count
-from dptrain.tagi import (DDPConfig, DDPSequential, HRCSoftmax, Linear, OutputUpdater, ReLU,
-                          Sequential, manual_seed)
+from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, manual_seed
+from dptrain.tagi.ddp import DDPConfig, DDPSequential
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=5)

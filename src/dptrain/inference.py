@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
+from dptrain.data import load_dataset
+from dptrain.data.config import DataConfig, load_split
 from dptrain.errors import CheckpointError, ConfigError
+from dptrain.learners.build import build_model
+from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.user_model import is_model_file, model_file_sha256
+from dptrain.options import pick
+from dptrain.tagi import HRCSoftmax, split_heteros
 from dptrain.train import checkpoint as ckpt
 
 MC_DRAWS = 256
@@ -48,16 +55,16 @@ class Prediction:
 class TrainedRun:
     """The model of one run, with the run's input normalisation and output decoding."""
 
-    def __init__(self, run_dir: Path, checkpoint: Path, options: Any, split: Any, model: Any,
-                 kind: str) -> None:
-        self.run_dir, self.checkpoint, self.options = run_dir, checkpoint, options
-        self.model, self.kind = model, kind
+    def __init__(self, run_dir: Path, checkpoint: Path, record: dict[str, Any], split: Any,
+                 model: Any, kind: str, sigma_v: float) -> None:
+        self.run_dir, self.checkpoint, self.model, self.kind = run_dir, checkpoint, model, kind
+        self.model_config = pick(ModelConfig, record)
+        self.dataset: str = record["dataset"]
         self.task, self.num_classes = split.task, split.num_classes
         self.x_norm, self.y_norm = split.x_norm, split.y_norm
-        self._sigma_v: float = options.sigma_v
+        self._sigma_v = sigma_v
         self._split = split
         if kind == "tagi" and split.task == "classification":
-            from dptrain.tagi import HRCSoftmax
             self.hrc = HRCSoftmax(split.num_classes)
 
     # --------------------------------------------------------------------------------- data
@@ -65,7 +72,6 @@ class TrainedRun:
         """The run's dataset (or `spec`, a dataset spelling of `dptrain.data.load_dataset`)."""
         if spec is None:
             return self._split
-        from dptrain.data import load_dataset
         return load_dataset(spec)
 
     # ---------------------------------------------------------------------------- predicting
@@ -109,8 +115,7 @@ class TrainedRun:
         mu, var = self.model(x.to(self.model.dtype))
         if self.task == "classification":
             return self._class_probabilities(mu, var)
-        if self.options.heteroscedastic:
-            from dptrain.tagi import split_heteros
+        if self.model_config.heteroscedastic:
             pred = split_heteros(mu, var)
             return self._to_data_units(pred.mean, pred.total_var)
         return self._to_data_units(mu, var + self._sigma_v ** 2)
@@ -134,7 +139,7 @@ class TrainedRun:
         return self.y_norm.invert(mean), None if var is None else var * scale * scale
 
     def __repr__(self) -> str:
-        return (f"TrainedRun({str(self.run_dir)!r}, model {self.options.model}, "
+        return (f"TrainedRun({str(self.run_dir)!r}, model {self.model_config.model}, "
                 f"checkpoint {self.checkpoint.name})")
 
 
@@ -167,10 +172,6 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     where the run found it; a model file (`--model PATH.py:FUNCTION`) must still hold the same
     code (its hash is in the run's record).
     """
-    from dptrain.cli.train_options import TrainOptions, accepted_keys
-    from dptrain.cli.train_worker import build_model, load_split
-    from dptrain.learners.user_model import is_model_file, model_file_sha256
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
@@ -179,29 +180,29 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     if not record:
         raise CheckpointError(f"{found.path}: no record of the options that built this run "
                               f"(written by a Trainer outside dptrain train?)")
-    options = TrainOptions(**{k: v for k, v in record.items() if k in accepted_keys()})
-    options = dataclasses.replace(options, augment="off")
+    model_config = pick(ModelConfig, record)
     digest = found.meta.get("run_record", {}).get("model_sha256")
-    if is_model_file(options.model) and digest is not None:
-        path = options.model.rpartition(":")[0]
-        if model_file_sha256(path) != digest:
+    if is_model_file(model_config.model) and digest is not None:
+        if model_file_sha256(model_config.model) != digest:
+            path = model_config.model.rpartition(":")[0]
             raise CheckpointError(f"{path} changed since the run was trained (sha256 differs "
                                   f"from the run's record): the checkpoint may not fit it")
     state = found.load_state()
     if not state.get("learner"):
         raise CheckpointError(f"{found.path}: a sharded (FSDP) checkpoint; load_run reads "
                               f"replicated ones")
-    split = load_split(options)
-    model, kind = build_model(options, split)
+    seed = record.get("seed", 0)
+    split = load_split(DataConfig(dataset=record["dataset"], augment="off"), seed=seed)
+    model, kind = build_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
     model.load_state_dict(weights)
-    run = TrainedRun(run_dir, found.path, options, split, model, kind)
+    sigma_v = pick(LearnerConfig, record).sigma_v
     saved_sigma = state["learner"].get("sigma_v") if kind == "tagi" else None
     if saved_sigma is not None:
-        run._sigma_v = saved_sigma["current"]
-    return run
+        sigma_v = saved_sigma["current"]
+    return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v)
 
 
 def write_predictions(path: str | Path, prediction: Prediction, task: str) -> None:

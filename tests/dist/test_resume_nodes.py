@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from dptrain import dist as dd
-from dptrain.cli.train_options import TrainOptions
-from dptrain.cli.train_worker import agreed_run_dir
+from dptrain.train.job import agreed_run_dir
+from dptrain.train.options import TrainOptions
 from dptrain.data import ArrayDataset, Split, load_digits
 from dptrain.dist import init_distributed
 from dptrain.dist.job import stamp
-from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
+from dptrain.learners.tagi_learner import TagiLearner
+from tests._nets import tagi_mlp
 from dptrain.tagi import manual_seed
 from dptrain.train import TrainConfig, Trainer
 from dptrain.train import checkpoint as ckpt
@@ -42,7 +43,7 @@ def _two_nodes(rank: int, world_size: int, base: str) -> dict:
         manual_seed(0)
         learner = TagiLearner(tagi_mlp(64, 11, hidden=16), task="classification",
                               num_classes=10)
-        config = TrainConfig(out_dir=out, num_epochs=epochs, batch_size=64, progress=False)
+        config = TrainConfig(out_dir=out, num_epochs=epochs, global_batch_size=64, progress=False)
         return Trainer(learner, small, config, runtime).fit()
 
     # The first attempt: rank 0 ran on node B, so node B's run directory has the checkpoints.

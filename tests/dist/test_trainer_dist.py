@@ -9,7 +9,8 @@ import pytest
 
 from dptrain.data import ArrayDataset, Split, load_digits
 from dptrain.dist import init_distributed
-from dptrain.learners.tagi_learner import TagiLearner, tagi_mlp
+from dptrain.learners.tagi_learner import TagiLearner
+from tests._nets import tagi_mlp
 from dptrain.tagi import manual_seed
 from dptrain.train import TrainConfig, Trainer
 from tests._world import run_world

@@ -164,7 +164,7 @@ def test_an_explicit_thread_count_wins_and_reaches_the_workers(monkeypatch):
     import torch
 
     from dptrain.cli.run import use_threads
-    from dptrain.cli.train_options import RESUMABLE_OPTIONS, TrainOptions
+    from dptrain.train.options import RESUMABLE_OPTIONS, TrainOptions
     from dptrain.errors import ConfigError
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")

@@ -129,7 +129,7 @@ def test_missing_config_file_is_named(tmp_path):
 def test_the_batch_split_is_checked_against_the_real_world_size():
     """Under a launcher the world size is the launcher's, not --nproc (default 2)."""
     from dptrain.cli.train import job_world_size
-    from dptrain.cli.train_options import check_batch_split
+    from dptrain.train.options import check_batch_split
     from dptrain.dist import resolve_env
 
     under_torchrun = resolve_env({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "h",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from dptrain.inference import load_run, write_predictions
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -22,8 +24,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from dptrain.inference import load_run, write_predictions
-
     run = load_run(args.run_dir, which=args.checkpoint)
     split = run.load_data(args.data)
     prediction = run.predict_split(split, args.part)
@@ -36,5 +36,5 @@ def predict_command(args: argparse.Namespace) -> int:
         rmse = ((prediction.mean - prediction.targets) ** 2).mean().sqrt().item()
         shown = f", rmse {rmse:.4g}"
     print(f"dptrain predict: {len(prediction.mean)} {args.part} samples of "
-          f"{args.data or run.options.dataset} with {run.checkpoint}{shown} -> {args.out}")
+          f"{args.data or run.dataset} with {run.checkpoint}{shown} -> {args.out}")
     return 0

@@ -1,4 +1,4 @@
-"""What `dptrain run` starts on every process: the user's script under torch's `@record`.
+"""What `dptrain run` and `dptrain train` start on every process, under torch's `@record`.
 
 `@record` writes a raising script's traceback to the file the elastic agent reads, so the job's
 failure report names the rank *and* shows its error. An expected error (`DptrainError` other
@@ -13,6 +13,7 @@ import os
 import runpy
 import signal
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
@@ -58,23 +59,39 @@ def exit_interrupted() -> NoReturn:
     exit_without_teardown(128 + signal.SIGINT)
 
 
-@record
-def main() -> None:
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
+def run_as_worker(body: Callable[[], object], command: str) -> NoReturn:
+    """Run `body` as one launched process of `dptrain COMMAND`: a raising body's traceback is
+    recorded for the agent (`@record`), an expected error is one line, Ctrl-C is quiet, and a
+    finished process leaves without the teardown that can abort it."""
+    record(_run_expecting)(body, command)
+    exit_without_teardown(0)  # see there: torch can abort a finished worker in teardown
+
+
+def _run_expecting(body: Callable[[], object], command: str) -> None:
+    try:
+        body()
+    except DptrainError as err:
+        if not is_expected(err):
+            raise
+        exit_with_expected_error(err, command)
+    except KeyboardInterrupt:
+        exit_interrupted()
+
+
+def run_script(script: str) -> None:
+    """The user's script as `__main__`, importing from its own folder; exit 0 is success."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as done:
         if done.code not in (None, 0):
             raise
-    except DptrainError as err:
-        if not is_expected(err):
-            raise
-        exit_with_expected_error(err, "run")
-    except KeyboardInterrupt:
-        exit_interrupted()
-    exit_without_teardown(0)
+
+
+def main() -> None:
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    run_as_worker(lambda: run_script(script), "run")
 
 
 if __name__ == "__main__":

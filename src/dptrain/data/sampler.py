@@ -45,17 +45,20 @@ def num_samples_per_rank(num_samples: int, world_size: int, rank: int, *, mode: 
     return math.ceil(num_samples / world_size)
 
 
-def steps_per_epoch(num_samples: int, world_size: int, batch_size: int, *,
+def steps_per_epoch(num_samples: int, world_size: int, local_batch_size: int, *,
                     drop_last: bool = False, drop_partial: bool = False) -> int:
     """Steps every rank takes per training epoch (the same on all ranks in train mode).
 
-    A step is one batch of `batch_size` indices per rank (the global batch is
-    `world_size * batch_size`); the last, partial batch counts as a step unless `drop_partial`.
+    A step is one batch of `local_batch_size` indices per rank (the global batch is
+    `world_size * local_batch_size`); the last, partial batch counts as a step unless
+    `drop_partial`.
     Use it for a learning-rate schedule's length or a progress bar.
     """
-    _check_positive("batch_size", batch_size)
+    _check_positive("local_batch_size", local_batch_size)
     per_rank = num_samples_per_rank(num_samples, world_size, 0, mode="train", drop_last=drop_last)
-    return per_rank // batch_size if drop_partial else math.ceil(per_rank / batch_size)
+    if drop_partial:
+        return per_rank // local_batch_size
+    return math.ceil(per_rank / local_batch_size)
 
 
 def _is_int(value: Any) -> bool:
@@ -85,7 +88,7 @@ def _resolve_length(dataset_or_length: Sized | int) -> int:
 class ShardedSampler(Sampler[int]):
     """This rank's share of `range(num_samples)` for one epoch, resumable mid-epoch.
 
-    Use it as a DataLoader `sampler=` (it yields ints), or call `batches(batch_size)` for index
+    Use it as a DataLoader `sampler=` (it yields ints), or call `batches(local_batch_size)` for index
     tensors to slice in-memory arrays. Call `set_epoch(e)` before every epoch (the Trainer does);
     without it every epoch repeats the same order.
 
@@ -98,7 +101,7 @@ class ShardedSampler(Sampler[int]):
 
     A DataLoader prefetches, so the indices its sampler has yielded run ahead of the batches
     the loop has consumed: the Trainer, which knows how many it consumed, should call
-    `set_position(steps_done * batch_size)` before saving `state_dict()`.
+    `set_position(steps_done * local_batch_size)` before saving `state_dict()`.
 
     Args:
         dataset_or_length: anything with `__len__`, or the number of samples.
@@ -196,29 +199,32 @@ class ShardedSampler(Sampler[int]):
             yield indices[i]
         self._ran_to_end = True
 
-    def batches(self, batch_size: int, *, drop_partial: bool = False) -> Iterator[torch.Tensor]:
-        """This rank's remaining indices in chunks of `batch_size` (int64 tensors).
+    def batches(self, local_batch_size: int, *, drop_partial: bool = False
+                ) -> Iterator[torch.Tensor]:
+        """This rank's remaining indices in chunks of `local_batch_size` (int64 tensors).
 
         The last chunk of the epoch may be shorter; in train mode it has the same length on
         every rank, so collectives still match. `drop_partial=True` skips it (and counts it as
         consumed). Chunks start at the current position, so save at batch boundaries for a
         resumed run to see the same batches as an uninterrupted one.
         """
-        _check_positive("batch_size", batch_size)
+        _check_positive("local_batch_size", local_batch_size)
         indices = self._start()
-        for start in range(self._position, len(indices), batch_size):
-            batch = indices[start:start + batch_size]
-            if drop_partial and len(batch) < batch_size:
+        for start in range(self._position, len(indices), local_batch_size):
+            batch = indices[start:start + local_batch_size]
+            if drop_partial and len(batch) < local_batch_size:
                 self._position = len(indices)
                 break
             self._position = start + len(batch)
             yield batch
         self._ran_to_end = True
 
-    def num_batches(self, batch_size: int, *, drop_partial: bool = False) -> int:
-        """How many chunks `batches(batch_size)` yields for a whole epoch on this rank."""
-        _check_positive("batch_size", batch_size)
-        return len(self) // batch_size if drop_partial else math.ceil(len(self) / batch_size)
+    def num_batches(self, local_batch_size: int, *, drop_partial: bool = False) -> int:
+        """How many chunks `batches(local_batch_size)` yields for a whole epoch on this rank."""
+        _check_positive("local_batch_size", local_batch_size)
+        if drop_partial:
+            return len(self) // local_batch_size
+        return math.ceil(len(self) / local_batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, seed and position, plus the settings a resumed run must share.

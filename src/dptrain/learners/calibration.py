@@ -11,8 +11,12 @@ every other metric, and their means are exactly the terms ECE needs:
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
+from dptrain.learners.plots import plot_reliability
 from dptrain.learners.protocol import Metrics
 
 NUM_BINS = 10
@@ -59,3 +63,21 @@ def pop_calibration(means: dict[str, float]) -> list[dict[str, float]] | None:
 
 def expected_calibration_error(bins: list[dict[str, float]]) -> float:
     return sum(b["gap"] for b in bins)
+
+
+def end_evaluation(means: dict[str, float]
+                   ) -> tuple[dict[str, float], list[dict[str, float]] | None]:
+    """The evaluation's metrics with its calibration bins folded into `ece`, and the bins."""
+    bins = pop_calibration(means)
+    if bins is not None:
+        means["ece"] = expected_calibration_error(bins)
+    return means, bins
+
+
+def report(out_dir: Path | None, bins: list[dict[str, float]] | None) -> dict[str, Any]:
+    """The bins for the run's summary; rank 0 (`out_dir` given) also draws reliability.png."""
+    if bins is None:
+        return {}
+    if out_dir is not None:
+        plot_reliability(out_dir / "reliability.png", bins)
+    return {"calibration_bins": bins}

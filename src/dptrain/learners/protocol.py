@@ -1,4 +1,4 @@
-"""The contract between the Trainer and a learner. The Trainer knows nothing else about it.
+"""The contract between the Trainer and a learner: everything the Trainer calls, and nothing else.
 
 A batch is a tuple `(inputs, targets)` of tensors holding this rank's share of one optimizer
 step. Metrics come back as `{name: (sum, count)}` so that the Trainer's reduction over ranks
@@ -7,11 +7,15 @@ gives exact means however unevenly ranks hold samples (docs/design.md, contract 
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from dptrain.dist import Runtime
+
+if TYPE_CHECKING:
+    from dptrain.data import Split
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Metrics = dict[str, tuple[float, float]]
@@ -19,7 +23,11 @@ Metrics = dict[str, tuple[float, float]]
 
 @runtime_checkable
 class Learner(Protocol):
-    """One training step and one evaluation step on a batch, and resumable state."""
+    """One training step and one evaluation step on a batch, resumable state, and its report."""
+
+    eval_is_collective: bool
+    """True when `eval_step` communicates (a sharded model gathers its weights), so every rank
+    must call it equally often; a rank with no samples left then passes an empty batch."""
 
     def setup(self, runtime: Runtime) -> None:
         """Move to `runtime.device` and make replicas identical (broadcast from rank 0).
@@ -27,11 +35,21 @@ class Learner(Protocol):
         Called once by every rank, collectively, before the first step.
         """
 
+    def set_epoch(self, epoch: int) -> None:
+        """Called by every rank before each epoch (from 0), also after a resume: per-epoch
+        schedules (TAGI's σ_v) are functions of it."""
+
     def train_step(self, batch: Batch) -> Metrics:
         """One optimizer step on this rank's share of the global batch; collective."""
 
     def eval_step(self, batch: Batch) -> Metrics:
-        """Metrics of the current model on a batch; changes nothing; local (no collective)."""
+        """Metrics of the current model on a batch; changes nothing; local unless
+        `eval_is_collective`."""
+
+    def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
+        """Every rank, after each evaluation, with the means of `eval_step`'s metrics over every
+        test sample: the metrics to report, with terms that only make sense summed over the
+        whole test set (calibration bins) turned into their metric (`ece`)."""
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's parameters (and buffers) as plain tensors with the names a
@@ -42,3 +60,23 @@ class Learner(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (on every rank)."""
+
+    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Collective: the learner's part of a checkpoint being written to `directory` (the
+        same path on every rank). Returns the state rank 0 stores in the checkpoint's state
+        file; a learner that writes files of its own (each rank its shards) writes them under
+        `directory`, which then must be on a filesystem every rank shares."""
+
+    def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
+        """Collective: restore from what `save_checkpoint` returned (`state`, the same on every
+        rank) and wrote (`directory`)."""
+
+    @property
+    def run_record(self) -> dict[str, Any]:
+        """What about this learner defines a run beyond its options (JSON values), stored in
+        every checkpoint: resuming a run whose record differs is refused."""
+
+    def report(self, out_dir: Path | None, split: Split) -> dict[str, Any]:
+        """Every rank, once, after the last evaluation: entries for the run's summary. Rank 0
+        passes the run directory and the learner writes its own plots there (a reliability
+        diagram, a regression band); the others pass None."""

@@ -1,32 +1,33 @@
-"""Ready-made torch recipes (model, loss, optimizer) for the 8x8 digits, built from the model
-registry `dptrain.learners.models` (which `dptrain train --model` uses for any dataset).
+"""The registry's torch models as ready-made recipes (model, loss, optimizer) for the 8x8 digits.
 
     from dptrain.learners.recipes import get_recipe, make_learner
 
     model_factory, loss_fn, optimizer_factory = get_recipe("torch-cnn")
     learner = make_learner("torch-cnn", precision="bf16")   # a TorchLearner, not yet set up
 
-Each recipe is a function returning `(model_factory, loss_fn, optimizer_factory)`. The models
-take inputs shaped (B, 64) or (B, 1, 8, 8), as `dptrain.data.load_digits` gives them, and output
-(B, 10) logits for `CrossEntropyLoss`.
+A recipe is a model of `dptrain.learners.models` (the one registry) sized for the digits, with
+the loss, optimiser and BatchNorm policy of `dptrain.learners.build`, so it trains as `dptrain
+train --model NAME` does. The models take inputs shaped (B, 64) or (B, 1, 8, 8), as
+`dptrain.data.load_digits` gives them, and output (B, 10) logits for `CrossEntropyLoss`.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import torch
 from torch import nn
 
 from dptrain.errors import ConfigError
-from dptrain.learners import models
-from dptrain.learners.models import ModelOptions, build_model
-from dptrain.learners.torch_learner import OptimizerFactory, TorchLearner
+from dptrain.learners.build import adam, has_batchnorm, task_loss
+from dptrain.learners.models import TORCH_MODELS, ModelOptions, build_model
+from dptrain.learners.torch_config import OptimizerFactory
+from dptrain.learners.torch_learner import TorchLearner
 
 DIGITS_SHAPE = (1, 8, 8)
 NUM_CLASSES = 10
+RECIPES = TORCH_MODELS
+"""The recipe names: the registry's torch models."""
 
 
 class Recipe(NamedTuple):
@@ -37,45 +38,24 @@ class Recipe(NamedTuple):
     """Called with the parameters after wrapping (FSDP replaces them)."""
 
 
-def torch_mlp(*, hidden: int = 128, lr: float = 3e-3, dropout: float = 0.0) -> Recipe:
-    """64 -> hidden -> hidden -> 10 with ReLU, Adam (the registry's torch-mlp on digits);
-    with `dropout` > 0 a Dropout after each hidden layer."""
-    def model() -> nn.Module:
-        return build_model("torch-mlp", DIGITS_SHAPE, NUM_CLASSES,
-                           ModelOptions(hidden=hidden, dropout=dropout))
-    return Recipe(model, nn.CrossEntropyLoss(), functools.partial(torch.optim.Adam, lr=lr))
-
-
-def torch_cnn(*, channels: int = 16, lr: float = 3e-3) -> Recipe:
-    """Two 3x3 conv + BatchNorm + ReLU blocks, 2x2 max-pool, linear head; Adam (the registry's
-    torch-cnn on digits).
-
-    Its BatchNorm layers see only this rank's share of the batch unless the learner is built
-    with `sync_batchnorm=True` (which `make_learner` does by default for this recipe).
-    """
-    def model() -> nn.Module:
-        return models.torch_cnn(DIGITS_SHAPE, NUM_CLASSES, ModelOptions(), channels=channels)
-    return Recipe(model, nn.CrossEntropyLoss(), functools.partial(torch.optim.Adam, lr=lr))
-
-
-RECIPES: dict[str, Callable[..., Recipe]] = {"torch-mlp": torch_mlp, "torch-cnn": torch_cnn}
-# Learner options a recipe needs to train as intended; the caller's options override them.
-DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"torch-cnn": {"sync_batchnorm": True}}
-
-
-def get_recipe(name: str, **kwargs: Any) -> Recipe:
-    """The recipe `name` (keywords go to its function, e.g. `lr=1e-3`)."""
+def get_recipe(name: str, *, lr: float = 3e-3, **model_options: Any) -> Recipe:
+    """The recipe `name`; `lr` is Adam's, other keywords are `ModelOptions` fields (hidden,
+    dropout, width)."""
     if name not in RECIPES:
         raise ConfigError(f"unknown torch model {name!r}; built-in: {', '.join(sorted(RECIPES))}")
     try:
-        return RECIPES[name](**kwargs)
+        options = ModelOptions(**model_options)
     except TypeError as err:
         raise ConfigError(f"model {name!r}: {err}") from None
+    return Recipe(lambda: build_model(name, DIGITS_SHAPE, NUM_CLASSES, options),
+                  task_loss("classification"), adam(lr))
 
 
 def make_learner(name: str, *, recipe_options: dict[str, Any] | None = None,
                  **learner_options: Any) -> TorchLearner:
-    """A `TorchLearner` for recipe `name`; `learner_options` are `TorchLearner` keywords."""
+    """A `TorchLearner` for recipe `name`; `learner_options` are `TorchLearner` keywords
+    (`sync_batchnorm` defaults to whether the model has BatchNorm, as in `dptrain train`)."""
     model_factory, loss_fn, optimizer_factory = get_recipe(name, **(recipe_options or {}))
-    options = {**DEFAULT_OPTIONS.get(name, {}), **learner_options}
-    return TorchLearner(model_factory(), loss_fn, optimizer_factory, **options)
+    model = model_factory()
+    options = {"sync_batchnorm": has_batchnorm(model), **learner_options}
+    return TorchLearner(model, loss_fn, optimizer_factory, **options)

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from dptrain.dist import DDPConfig, Runtime
 from dptrain.errors import ConfigError
+from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
+from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
+
+if TYPE_CHECKING:
+    from dptrain.data import Split
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -45,6 +51,9 @@ class TagiLearner:
     update.
     """
 
+    eval_is_collective = False
+    """Evaluation is a forward of this rank's replica alone."""
+
     def __init__(self, model: Sequential, *, task: Literal["classification", "regression"],
                  num_classes: int | None = None, sigma_v: float = 0.05,
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
@@ -70,6 +79,7 @@ class TagiLearner:
         self.y_scale = None if y_scale is None else torch.as_tensor(y_scale).reshape(-1)
         self.updater = OutputUpdater(model.device)
         self.net: DDPSequential | None = None
+        self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     def setup(self, runtime: Runtime) -> None:
         device = runtime.device
@@ -196,17 +206,38 @@ class TagiLearner:
             self.epoch, self.sigma_v = saved["epoch"], saved["current"]
 
 
-def tagi_mlp(input_dim: int, output_dim: int, *, hidden: int = 128, num_hidden: int = 2,
-             heteroscedastic: bool = False, dtype: torch.dtype = torch.float32) -> Sequential:
-    """The built-in TAGI network: `num_hidden` ReLU layers of width `hidden`; with
-    `heteroscedastic`, 2 x `output_dim` outputs in (mean, noise) pairs through EvenExp."""
-    from dptrain.tagi import EvenExp, Linear, ReLU
+    # -- the Trainer's hooks ------------------------------------------------------------------
 
-    layers: list[Any] = []
-    width = input_dim
-    for _ in range(num_hidden):
-        layers += [Linear(width, hidden), ReLU()]
-        width = hidden
-    if heteroscedastic:
-        return Sequential(*layers, Linear(width, 2 * output_dim), EvenExp(), dtype=dtype)
-    return Sequential(*layers, Linear(width, output_dim), dtype=dtype)
+    def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
+        means, self.calibration = calibration.end_evaluation(means)
+        return means
+
+    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Rank 0's state file holds it all (replicas are identical)."""
+        return self.state_dict()
+
+    def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
+        self.load_state_dict(state)
+
+    @property
+    def run_record(self) -> dict[str, Any]:
+        return {"sharded_checkpoint": False}
+
+    def report(self, out_dir: Path | None, split: Split) -> dict[str, Any]:
+        """The calibration bins (classification); rank 0 draws reliability.png, and for 1-D
+        regression predictions.png: the predictive mean with its epistemic ±2σ band inside the
+        total one (with the observation noise), in the data's own units."""
+        summary = calibration.report(out_dir, self.calibration)
+        if out_dir is not None and self.task == "regression" and split.input_shape == (1,):
+            self._plot_bands(out_dir / "predictions.png", split)
+        return summary
+
+    def _plot_bands(self, path: Path, split: Split) -> None:
+        mean, epistemic_std, total_std = (
+            t.cpu() for t in self.predict_bands(split.test.x.to(self.model.device)))
+        x_of = split.x_norm.invert if split.x_norm is not None else (lambda t: t)
+        y_of = split.y_norm.invert if split.y_norm is not None else (lambda t: t)
+        y_std = split.y_norm.std if split.y_norm is not None else 1.0
+        plot_regression_band(path, x_of(split.train.x), y_of(split.train.y), x_of(split.test.x),
+                             y_of(split.test.y), y_of(mean), epistemic_std * y_std,
+                             total_std * y_std)

@@ -39,7 +39,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dptrain.dist import (
     Runtime,
+    all_gather_object,
     all_reduce_flat,
+    barrier,
     broadcast_tensors,
     get_rank,
     get_world_size,
@@ -47,6 +49,7 @@ from dptrain.dist import (
 )
 from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
+from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.learners.torch_config import (
@@ -119,6 +122,7 @@ class TorchLearner:
         self.num_optimizer_steps = 0
         self._distributed = False
         self._replicated_buffers: list[torch.Tensor] = []
+        self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     @classmethod
     def from_config(cls, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor],
@@ -219,6 +223,9 @@ class TorchLearner:
         return self._wrapped
 
     # -- steps --------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing here depends on the epoch (a scheduler steps per optimizer step)."""
 
     def train_step(self, batch: Batch) -> Metrics:
         """One optimizer step on this rank's share of the batch, split into k micro-batches.
@@ -501,6 +508,44 @@ class TorchLearner:
         if not extra.get("optimizer_initialized", True):
             self.optimizer.state.clear()
         self.num_optimizer_steps = int(extra["num_optimizer_steps"])
+
+
+    # -- the Trainer's hooks ------------------------------------------------------------------
+
+    def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
+        means, self.calibration = calibration.end_evaluation(means)
+        return means
+
+    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """DDP: the state, for rank 0's state file. FSDP: every rank writes its shards to
+        `directory`/sharded (a filesystem every rank shares) and the state file holds none."""
+        if not self.is_sharded:
+            return self.state_dict()
+        barrier()
+        self.save_sharded(Path(directory) / "sharded")
+        barrier()  # every shard is on disk before rank 0 checksums and publishes them
+        return {}
+
+    def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
+        if not self.is_sharded:
+            self.load_state_dict(state)
+            return
+        shards = Path(directory) / "sharded"
+        blind = [r for r, sees in enumerate(all_gather_object(shards.is_dir())) if not sees]
+        if blind:
+            raise CheckpointError(
+                f"{shards}: rank(s) {blind} cannot see this sharded checkpoint; sharded (FSDP) "
+                f"checkpoints need a run directory on a filesystem every node shares")
+        self.load_sharded(shards)
+
+    @property
+    def run_record(self) -> dict[str, Any]:
+        """A sharded checkpoint cannot be resumed by a replicated learner, nor the reverse."""
+        return {"sharded_checkpoint": self.is_sharded}
+
+    def report(self, out_dir: Path | None, split: Any) -> dict[str, Any]:
+        """The calibration bins (classification); rank 0 draws reliability.png."""
+        return calibration.report(out_dir, self.calibration)
 
 
 def _check_batch(batch: Any, *, allow_empty: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,8 +38,16 @@ def is_model_file(spec: str) -> bool:
     return bool(sep) and path.endswith(".py") and bool(func)
 
 
-def model_file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of the file's bytes: what identifies a user model in a run's record."""
+def model_file_sha256(model: str | Path) -> str | None:
+    """Hex SHA-256 of a model file's bytes, what identifies a user model in a run's record:
+    `model` is the file's path or a `PATH.py:FUNCTION` spelling; None for a built-in model's
+    name."""
+    if is_model_file(str(model)):
+        path: str | Path = str(model).rpartition(":")[0]
+    elif isinstance(model, Path) or str(model).endswith(".py"):
+        path = model
+    else:
+        return None
     try:
         return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
     except OSError as err:

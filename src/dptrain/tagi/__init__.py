@@ -32,8 +32,10 @@ splits its prediction into mean, epistemic and aleatoric variance. `net.state_di
 `"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`, and BatchNorm's running statistics
 `"<layer>.mu_ra"`, `".var_ra"`, `".num_batches_tracked"` (state, not parameters; layers inside
 blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save(path)` /
-`net.load(path)` store plain tensors only. A data-parallel wrapper uses `named_delta_tensors()`
-(or `flat_deltas`), `flat_state` and `cap_batch_size` (see `Sequential`).
+`net.load(path)` store plain tensors only. Data parallel: `dptrain.tagi.ddp.DDPSequential`
+(the only part that needs a process group, so it is imported from there) wraps a network with
+pytagi's surface; a wrapper of your own uses `named_delta_tensors()` (or `flat_deltas`),
+`flat_state` and `cap_batch_size` (see `Sequential`).
 
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
@@ -45,7 +47,6 @@ Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
 from __future__ import annotations
 
-from dptrain.dist.config import DDPConfig
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
@@ -59,7 +60,6 @@ from dptrain.tagi.output_updater import OutputUpdater
 from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
-from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
@@ -67,8 +67,6 @@ __all__ = [
     "AvgPool2d",
     "BatchNorm2d",
     "Conv2d",
-    "DDPConfig",
-    "DDPSequential",
     "DeltaStates",
     "EvenExp",
     "HRCSoftmax",

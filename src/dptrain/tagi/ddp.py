@@ -1,6 +1,7 @@
 """DDPSequential: data-parallel TAGI by all-reducing the parameter deltas before `step()`.
 
-    from dptrain.tagi import DDPConfig, DDPSequential, Linear, ReLU, Sequential
+    from dptrain.tagi import Linear, ReLU, Sequential
+    from dptrain.tagi.ddp import DDPConfig, DDPSequential
     config = DDPConfig.from_env(backend="gloo")        # or DDPConfig([...], "nccl", rank, world)
     net = DDPSequential(Sequential(Linear(1, 16), ReLU(), Linear(16, 2)), config)
     mu, var = net(x_local)                             # each rank: its own shard of the batch
@@ -37,14 +38,13 @@ asynchronously while the layers nearer the input still compute. `step()` waits f
 bucket, then steps. The last bucket (the input side) also carries the local batch size and,
 without synchronised BatchNorm, the running statistics. The sums are the same element by
 element as with one bucket, so the result does not depend on the bucketing (bitwise for 2
-ranks). With `overlap=False` (the default) one all-reduce of everything runs inside `step()`:
-on the 2-core CPU machines this project is measured on, where gloo's thread has no idle core,
-overlap measured 0.96x the samples/s of one all-reduce on both the FNN and the MNIST CNN
-(bench/tagi_ddp.py), so it is opt-in until a machine shows it paying. Deltas edited in place
-between `backward()` and `step()` need `overlap=False`: with overlap they are already on their
-way.
+ranks). With `overlap=False` (the default) one all-reduce of everything runs inside `step()`;
+overlap is opt-in until a machine shows it paying (measurements: bench/README.md, tagi_ddp).
+Deltas edited in place between `backward()` and `step()` need `overlap=False`: with overlap
+they are already on their way.
 
-The only tagi module that imports `dptrain.dist`: layers never see the process group.
+The only tagi module that imports `dptrain.dist` (`dptrain.tagi` itself does not re-export
+it): layers never see the process group.
 """
 
 from __future__ import annotations
@@ -95,14 +95,9 @@ def _gather_stats(local: torch.Tensor) -> torch.Tensor:
 
 DEFAULT_BUCKET_BYTES = 256 * 1024
 """A bucket of deltas is sent once it holds at least this many bytes (whole top-level layers,
-from the output side). Each collective has a fixed cost: on gloo between 2 ranks on a loaded
-2-core machine, two all-reduces took ~1.3 ms more than one of the same total size (~3 ms per
-MB), so a bucket much smaller than ~300 KB costs more than it can hide. Measured with
-bench/tagi_ddp.py-style paired runs there: pytagi's MNIST CNN (2 buckets at 256 KiB) stepped
-10-15 % faster than with one all-reduce in step(), 64 KiB (3 buckets) and one bucket per layer
-less so; the 784-128-128 FNN stays one bucket at 256 KiB (started as its backward ends) and was
-no slower, while 64 KiB (2 buckets) raised its communication wait. torch DDP's 25 MB would
-hold every network measured there in a single bucket."""
+from the output side). Each collective has a fixed cost, so a much smaller bucket costs more
+than it can hide; torch DDP's 25 MB would hold every network we measured in one bucket. How this
+value was chosen: bench/README.md, tagi_ddp."""
 
 
 class _Bucket:

@@ -15,7 +15,7 @@ sharded checkpoint too), is reported and skipped in favour of the previous one.
 
 Every rank writes its shards of a sharded checkpoint into the same folder, and every rank reads
 them back from it: sharded checkpoints need a run directory on a filesystem all nodes share
-(replicated ones do not; see `Trainer._maybe_resume`). A sharded checkpoint directory is trusted
+(replicated ones do not; see `dptrain.train.resume.find_newest`). A sharded checkpoint directory is trusted
 input: the checksums catch corruption, not tampering, and torch's distributed-checkpoint loader
 unpickles its `.metadata` file. Load only checkpoints your own runs wrote. (`state.pt` is read with `weights_only=True` and executes no code.)
 """
@@ -105,8 +105,15 @@ def commit(tmp: Path, state: dict[str, Any], meta: dict[str, Any], *,
     meta = {**meta, "format_version": FORMAT_VERSION, "files": _file_digests(tmp)}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     _fsync_tree(tmp)
-    final = tmp.with_name(f"step-{meta['step']:08d}")
-    if final.exists():  # a re-run of the same step after a restart: replace it only now
+    # An existing step-N is a re-run of the same step after a restart: replaced only now.
+    return _publish(tmp, tmp.with_name(f"step-{meta['step']:08d}"))
+
+
+def _publish(tmp: Path, final: Path) -> Path:
+    """Rename the complete folder `tmp` to `final`, replacing any folder there, so that at every
+    moment `final` is either the old complete folder or the new one (never a mix); the old one
+    stays on disk under `*.old-PID` for the instant between the two renames."""
+    if final.exists():
         old = final.with_name(final.name + f".old-{os.getpid()}")
         final.rename(old)
         tmp.rename(final)
@@ -183,12 +190,4 @@ def copy_as_best(source: Path, directory: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp)
     _fsync_tree(tmp)
-    best = directory / "best"
-    if best.exists():
-        old = directory / f"best.old-{os.getpid()}"
-        best.rename(old)
-        tmp.rename(best)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(best)
-    _fsync_dir(directory)
+    _publish(tmp, directory / "best")

@@ -1,9 +1,10 @@
-"""Whether a run directory may be resumed by this run: one run per directory.
+"""Which checkpoint a run resumes from, and whether it may: one run per directory.
 
 A checkpoint carries the record of the run that wrote it (the options that define the run, the
 model's parameter layout). Resuming compares that record with this run's before anything is
-loaded, and refuses a difference in one line that names each option with both values. Pure
-functions of plain values, so tests call them without processes.
+loaded, and refuses a difference in one line that names each option with both values. The
+record functions are pure, so tests call them without processes; `find_newest` negotiates
+between the nodes which checkpoint every rank loads.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dptrain import dist as dd
 from dptrain.errors import CheckpointError
+from dptrain.train import checkpoint as ckpt
 
 LAYOUT_KEY = "parameter_layout"
 """The model's parameter names, shapes and dtypes: compared only when nothing else differs (a
@@ -77,3 +81,72 @@ def refuse_never(run_dir: Path, newest: Path) -> CheckpointError:
         f"{run_dir} holds checkpoints (newest: {newest}) and --resume never would mix two runs "
         f"in it; start afresh with a new --out (nothing was deleted), or resume with --resume "
         f"auto")
+
+
+# ------------------------------------------------------------------------ finding the checkpoint
+def _newest_listed(ckpt_dir: Path, local_rank: int) -> tuple[int, str] | None:
+    """(step, path) of this node's newest step folder, valid or not (first local rank)."""
+    if local_rank != 0:
+        return None
+    listed = ckpt.list_steps(ckpt_dir)
+    return None if not listed else (int(listed[0].name.split("-")[1]), str(listed[0]))
+
+
+def refuse_if_any(run_dir: Path, ckpt_dir: Path, local_rank: int) -> None:
+    """Collective: raise `refuse_never` on every rank when any node holds a checkpoint."""
+    held = [h for h in dd.all_gather_object(_newest_listed(ckpt_dir, local_rank))
+            if h is not None]
+    if held:
+        raise refuse_never(run_dir, Path(max(held)[1]))
+
+
+@dataclass(frozen=True)
+class Found:
+    """The checkpoint a run resumes from, the same on every rank."""
+
+    path: Path
+    meta: dict[str, Any]
+    state: dict[str, Any]
+
+
+def find_newest(run_dir: Path, ckpt_dir: Path, *, rank: int, local_rank: int,
+                record: Mapping[str, Any]) -> Found | None:
+    """The newest valid checkpoint any node holds, read by the rank that holds it and given to
+    every rank; None when no node holds one. Collective.
+
+    No shared filesystem is needed: the first rank of every node reports the newest valid
+    checkpoint in its own run directory, the newest wins (a restarted job's rank 0 may sit on
+    another node than the one that wrote it; on a tie the lowest rank), and its holder reads
+    and broadcasts it. A checkpoint of another run (`record` differs) is refused on every rank
+    alike, before anything is loaded, so nobody waits for a rank that raised.
+    """
+    found = ckpt.latest_valid(ckpt_dir) if local_rank == 0 else None
+    offers = dd.all_gather_object(None if found is None else found.step)
+    ranked = [(step, -r) for r, step in enumerate(offers) if step is not None]
+    if not ranked:
+        return None
+    holder = -max(ranked)[1]
+    meta, path = dd.broadcast_object(
+        (found.meta, str(found.path)) if rank == holder else None, src=holder)
+    path = Path(path)
+    check_same_run(run_dir, path, meta.get("run_record"), record)
+    loaded: tuple[str, Any] | None = None
+    if rank == holder:
+        try:
+            loaded = ("ok", found.load_state())
+        except Exception as err:  # noqa: BLE001 - told to every rank, then raised there
+            loaded = ("error", f"{path}/state.pt: cannot be loaded ({err})")
+    status, state = dd.broadcast_object(loaded, src=holder)
+    if status != "ok":
+        raise CheckpointError(state)
+    return Found(path, meta, state)
+
+
+def check_world_size(found: Found, world_size: int) -> None:
+    """A mid-epoch checkpoint's sampler position means other samples on another world size."""
+    saved = found.meta["world_size"]
+    if saved != world_size and not found.meta["epoch_done"]:
+        raise CheckpointError(
+            f"{found.path}: saved mid-epoch on {saved} rank(s), this run has {world_size}: its "
+            f"sampler position means other samples here. Resume with {saved} ranks, or from "
+            f"an epoch-end checkpoint")

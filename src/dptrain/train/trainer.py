@@ -20,8 +20,7 @@ import torch
 
 from dptrain import dist as dd
 from dptrain.data import ArrayDataset, ShardedSampler, Split, num_samples_per_rank
-from dptrain.errors import CheckpointError, ConfigError
-from dptrain.learners.calibration import expected_calibration_error, pop_calibration
+from dptrain.errors import ConfigError
 from dptrain.learners.protocol import Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import loggers, resume, rng
@@ -39,10 +38,11 @@ class TrainConfig:
     out_dir: Path
     """Run directory: checkpoints/, epochs.csv, tb/, plots, summary.json."""
     num_epochs: int = 10
-    batch_size: int = 32
-    """Global batch of one step; each rank takes batch_size / world_size of it. Because rank r
-    takes every world_size-th index of one shared permutation, the global batch of step k is
-    the same samples at any world size (up to the train sampler's wrap-around padding)."""
+    global_batch_size: int = 32
+    """Samples of one step over all ranks; each rank takes global_batch_size / world_size of
+    them (its local batch). Because rank r takes every world_size-th index of one shared
+    permutation, the global batch of step k is the same samples at any world size (up to the
+    train sampler's wrap-around padding)."""
     seed: int = 0
     """Seeds the data order and every RNG (rank r draws from seed + r)."""
     checkpoint_every: int | None = None
@@ -67,7 +67,7 @@ class TrainConfig:
     out what may change on resume (epochs, patience, ...)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_epochs", "batch_size", "keep_last", "eval_batch_size"):
+        for name in ("num_epochs", "global_batch_size", "keep_last", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
@@ -107,10 +107,11 @@ class Trainer:
                  runtime: dd.Runtime) -> None:
         self.learner, self.split, self.config, self.runtime = learner, split, config, runtime
         self.rank, self.world_size = runtime.env.rank, runtime.env.world_size
-        if config.batch_size % self.world_size:
-            raise ConfigError(f"batch_size {config.batch_size} must be divisible by the world "
-                              f"size {self.world_size}: every rank takes an equal share")
-        self.local_batch = config.batch_size // self.world_size
+        if config.global_batch_size % self.world_size:
+            raise ConfigError(f"global_batch_size {config.global_batch_size} must be divisible "
+                              f"by the world size {self.world_size}: every rank takes an equal "
+                              f"share")
+        self.local_batch_size = config.global_batch_size // self.world_size
         self.sampler = ShardedSampler(split.train, rank=self.rank, world_size=self.world_size,
                                       seed=config.seed, mode="train")
         self.eval_sampler = ShardedSampler(split.test, rank=self.rank,
@@ -125,7 +126,6 @@ class Trainer:
         self._epoch_sums: Metrics = {}
         """This rank's (sum, count) per train metric so far in the current epoch; saved in
         mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
-        self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -144,9 +144,8 @@ class Trainer:
             self.sampler.set_epoch(self.epoch)
             # per-epoch schedules (TAGI σ_v) and augmentation draws are functions of the epoch,
             # so a resumed run continues them exactly
-            for owner in (self.learner, self.split.train):
-                if hasattr(owner, "set_epoch"):
-                    owner.set_epoch(self.epoch)
+            self.learner.set_epoch(self.epoch)
+            self.split.train.set_epoch(self.epoch)
             train_means, seen = self._train_epoch()
             samples_seen += seen
             test_means = self._evaluate()
@@ -160,11 +159,11 @@ class Trainer:
     def _train_epoch(self) -> tuple[dict[str, float], int]:
         sums = self._epoch_sums  # empty, or restored from a mid-epoch checkpoint
         seen = 0
-        progress = Progress(total=self.sampler.num_batches(self.local_batch),
-                            done=self.sampler.position // self.local_batch,
+        progress = Progress(total=self.sampler.num_batches(self.local_batch_size),
+                            done=self.sampler.position // self.local_batch_size,
                             desc=f"epoch {self.epoch + 1}/{self.config.num_epochs}",
                             enabled=self.config.progress and self.rank == 0)
-        for indices in self.sampler.batches(self.local_batch):
+        for indices in self.sampler.batches(self.local_batch_size):
             if self.config.fail_at is not None:
                 self.config.fail_at.maybe_kill(self.rank, self.step)
             metrics = self.learner.train_step(self._batch(self.split.train, indices))
@@ -186,7 +185,7 @@ class Trainer:
         sums: Metrics = {}
         self.eval_sampler.set_position(0)
         batches = list(self.eval_sampler.batches(self.config.eval_batch_size))
-        if getattr(self.learner, "eval_is_collective", False):
+        if self.learner.eval_is_collective:
             # A sharded model all-gathers its weights inside every eval step, so every rank
             # must take as many steps as rank 0 (which holds the most samples): pad with
             # empty batches, which count nothing.
@@ -199,12 +198,7 @@ class Trainer:
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        bins = pop_calibration(means)
-        derived = _derived(means, "test")
-        if bins is not None:
-            derived["test_ece"] = expected_calibration_error(bins)
-            self.calibration = bins
-        return derived
+        return _derived(self.learner.end_evaluation(means), "test")
 
     def _end_epoch(self, train_means: dict[str, float], test_means: dict[str, float]) -> bool:
         record = {"epoch": self.epoch + 1, "step": self.step, **train_means, **test_means}
@@ -230,7 +224,8 @@ class Trainer:
 
     # -------------------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
-        """Collective: every rank contributes its RNG state; rank 0 writes atomically."""
+        """Collective: every rank contributes its RNG state and its learner part; rank 0
+        writes atomically."""
         rng_states = dd.all_gather_object(rng.capture())
         fail_at = self.config.fail_at
         midway = None if fail_at is None else \
@@ -239,22 +234,19 @@ class Trainer:
             midway()  # while rank 0 writes
         # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
         partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
-        sharded = getattr(self.learner, "is_sharded", False)
         tmp = ckpt.begin(self.ckpt_dir, self.step) if self.rank == 0 else None
-        if sharded:
-            tmp = Path(dd.broadcast_object(str(tmp)))
-            dd.barrier()
-            self.learner.save_sharded(tmp / "sharded")
-            dd.barrier()
+        tmp = Path(dd.broadcast_object(str(tmp)))
+        learner_state = self.learner.save_checkpoint(tmp)
         if self.rank == 0:
-            state = {"learner": {} if sharded else self.learner.state_dict(),
+            record = self._run_record()
+            state = {"learner": learner_state,
                      "sampler": self.sampler.state_dict(), "rng": rng_states,
                      "early_stopping": self.early.state_dict(), "history": self.history,
                      "trainer": {"epoch": self.epoch, "step": self.step,
                                  "epoch_done": epoch_done, "partial_sums": partial_sums}}
             meta = {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
                     "world_size": self.world_size, "config": self.config.to_json(),
-                    "run_record": self._run_record(), "sharded": sharded,
+                    "run_record": record, "sharded": record.get("sharded_checkpoint", False),
                     "saved_at": time.time()}
             final = ckpt.commit(tmp, state, meta, midway=midway)
             if is_best:
@@ -263,72 +255,30 @@ class Trainer:
         dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
 
     def _run_record(self) -> dict[str, Any]:
-        """What defines this run: the Trainer's own part and the caller's `run_record`."""
-        return resume.as_json({"batch_size": self.config.batch_size, "seed": self.config.seed,
-                               "sharded_checkpoint": getattr(self.learner, "is_sharded", False),
+        """What defines this run: the Trainer's own part, the learner's and the caller's."""
+        return resume.as_json({"batch_size": self.config.global_batch_size,
+                               "seed": self.config.seed, **self.learner.run_record,
                                resume.LAYOUT_KEY: self._layout, **self.config.run_record})
 
-    def _newest_listed(self) -> tuple[int, str] | None:
-        """(step, path) of this node's newest step folder, valid or not (first local rank)."""
-        if self.runtime.env.local_rank != 0:
-            return None
-        listed = ckpt.list_steps(self.ckpt_dir)
-        return None if not listed else (int(listed[0].name.split("-")[1]), str(listed[0]))
-
     def _maybe_resume(self) -> str | None:
-        """Load the newest valid checkpoint any node holds; collective.
-
-        No shared filesystem is needed: the first rank of every node reports the newest valid
-        checkpoint in its own run directory, the newest wins (a restarted job's rank 0 may sit
-        on another node than the one that wrote it), and the rank that holds it reads it and
-        broadcasts it. Sharded checkpoints are read by every rank from the same path, so they
-        need a filesystem every node shares.
-        """
-        run_dir = Path(self.config.out_dir)
+        """Continue from the newest valid checkpoint any node holds, if any; collective."""
+        run_dir, local_rank = Path(self.config.out_dir), self.runtime.env.local_rank
         if self.config.resume == "never":
-            held = [h for h in dd.all_gather_object(self._newest_listed()) if h is not None]
-            if held:
-                raise resume.refuse_never(run_dir, Path(max(held)[1]))
+            resume.refuse_if_any(run_dir, self.ckpt_dir, local_rank)
             return None
-        found = ckpt.latest_valid(self.ckpt_dir) if self.runtime.env.local_rank == 0 else None
-        offers = dd.all_gather_object(None if found is None else found.step)
-        ranked = [(step, -r) for r, step in enumerate(offers) if step is not None]
-        if not ranked:
+        found = resume.find_newest(run_dir, self.ckpt_dir, rank=self.rank,
+                                   local_rank=local_rank, record=self._run_record())
+        if found is None:
             return None
-        holder = -max(ranked)[1]  # newest step; on a tie the lowest rank
-        meta, path = dd.broadcast_object(
-            (found.meta, str(found.path)) if self.rank == holder else None, src=holder)
-        path = Path(path)
-        # Every rank decides from the same meta, so every rank raises alike: nobody hangs.
-        resume.check_same_run(run_dir, path, meta.get("run_record"), self._run_record())
-        saved_world = meta["world_size"]
-        if saved_world != self.world_size and not meta["epoch_done"]:
-            raise CheckpointError(
-                f"{path}: saved mid-epoch on {saved_world} rank(s), this run has "
-                f"{self.world_size}: its sampler position means other samples here. Resume "
-                f"with {saved_world} ranks, or from an epoch-end checkpoint")
-        loaded: tuple[str, Any] | None = None
-        if self.rank == holder:
-            try:
-                loaded = ("ok", found.load_state())
-            except Exception as err:  # noqa: BLE001 - told to every rank, then raised there
-                loaded = ("error", f"{path}/state.pt: cannot be loaded ({err})")
-        status, state = dd.broadcast_object(loaded, src=holder)
-        if status != "ok":
-            raise CheckpointError(state)
-        trainer = state["trainer"]
-        if getattr(self.learner, "is_sharded", False):
-            sees = dd.all_gather_object((path / "sharded").is_dir())
-            blind = [r for r, ok in enumerate(sees) if not ok]
-            if blind:
-                raise CheckpointError(
-                    f"{path / 'sharded'}: rank(s) {blind} cannot see this sharded checkpoint; "
-                    f"sharded (FSDP) checkpoints need a run directory on a filesystem every "
-                    f"node shares")
-        if getattr(self.learner, "is_sharded", False):
-            self.learner.load_sharded(path / "sharded")
-        else:
-            self.learner.load_state_dict(state["learner"])
+        resume.check_world_size(found, self.world_size)
+        self._restore(found)
+        dd.rank_zero_print(f"resumed from {found.path} (epoch {self.epoch + 1}, step "
+                           f"{self.step})")
+        return str(found.path)
+
+    def _restore(self, found: resume.Found) -> None:
+        state, trainer = found.state, found.state["trainer"]
+        self.learner.load_checkpoint(state["learner"], found.path)
         self.early.load_state_dict(state["early_stopping"])
         self.history = list(state["history"])
         self.step = trainer["step"]
@@ -337,9 +287,10 @@ class Trainer:
         else:
             self.epoch = trainer["epoch"]
             self.sampler.load_state_dict(state["sampler"])
-            # Same world size here (checked above), so rank r continues rank r's sums.
+            # Same world size here (checked), so rank r continues rank r's sums.
             partial = trainer.get("partial_sums") or [{}] * self.world_size
             self._epoch_sums = {name: tuple(sc) for name, sc in partial[self.rank].items()}
+        saved_world = found.meta["world_size"]
         if saved_world == self.world_size:
             rng.restore(state["rng"][self.rank])
         else:
@@ -347,8 +298,6 @@ class Trainer:
                         "but data order and RNG streams differ from an uninterrupted run",
                         saved_world, self.world_size)
             rng.seed_everything(self.config.seed + 1000 * self.epoch + self.rank)
-        dd.rank_zero_print(f"resumed from {path} (epoch {self.epoch + 1}, step {self.step})")
-        return str(path)
 
     # ------------------------------------------------------------------------------ the end
     def _summary(self, wall_s: float, samples: int, resumed_from: str | None) -> dict[str, Any]:
@@ -359,13 +308,14 @@ class Trainer:
             "final_epoch": final.get("epoch"), "steps": self.step,
             "best_epoch": best, f"best_{self.config.monitor}": self.early.best,
             "stopped_early": self.early.should_stop and self.epoch < self.config.num_epochs,
-            "world_size": self.world_size, "batch_size": self.config.batch_size,
+            "world_size": self.world_size, "batch_size": self.config.global_batch_size,
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
-            **({"calibration_bins": self.calibration} if self.calibration else {}),
+            **self.learner.report(Path(self.config.out_dir) if self.rank == 0 else None,
+                                  self.split),
         }
 
     def _finish(self, summary: dict[str, Any]) -> None:
@@ -375,24 +325,6 @@ class Trainer:
         if self.tb is not None:
             self.tb.close()
         loggers.plot_learning_curves(out / "learning_curves.png", self.history)
-        predict = getattr(self.learner, "predict_bands", None)
-        if self.split.task == "regression" and self.split.input_shape == (1,) and predict:
-            self._plot_predictions(out / "predictions.png", predict)
-        if self.calibration is not None:
-            loggers.plot_reliability(out / "reliability.png", self.calibration)
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1, default=str))
         tmp.replace(out / "summary.json")
-
-    def _plot_predictions(self, path: Path, predict_bands) -> None:
-        """Predictive mean with its epistemic and total ±2σ bands over the test inputs, in the
-        data's own units."""
-        split = self.split
-        mean, epistemic_std, total_std = (
-            t.cpu() for t in predict_bands(split.test.x.to(self.runtime.device)))
-        x_of = split.x_norm.invert if split.x_norm is not None else (lambda t: t)
-        y_of = split.y_norm.invert if split.y_norm is not None else (lambda t: t)
-        y_std = split.y_norm.std if split.y_norm is not None else 1.0
-        loggers.plot_regression_band(path, x_of(split.train.x), y_of(split.train.y),
-                                     x_of(split.test.x), y_of(split.test.y), y_of(mean),
-                                     epistemic_std * y_std, total_std * y_std)

@@ -44,6 +44,10 @@ class ArrayDataset(torch.utils.data.Dataset):
     def __getitem__(self, idx: int | torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[idx], self.y[idx]
 
+    def set_epoch(self, epoch: int) -> None:
+        """Called before each epoch; datasets whose samples depend on it (augmentation draws)
+        override it. Plain arrays are the same every epoch."""
+
     def __repr__(self) -> str:
         return (f"ArrayDataset(x={tuple(self.x.shape)} {self.x.dtype}, "
                 f"y={tuple(self.y.shape)} {self.y.dtype})")
@@ -97,6 +101,9 @@ class Split:
     num_classes: int | None
     x_norm: Normalisation | None = None
     y_norm: Normalisation | None = None
+    augment_by_default: bool = False
+    """Train with random crops and flips unless told otherwise (`DataConfig.augment` "auto"):
+    the convention of the dataset's published results (CIFAR-10)."""
 
     def __post_init__(self) -> None:
         if self.task not in _TASKS:
@@ -158,18 +165,6 @@ def classification_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor
     return Split(name=name, task="classification", num_classes=num_classes, x_norm=x_norm,
                  train=ArrayDataset(x_norm.apply(x_train).float(), y_train.long()),
                  test=ArrayDataset(x_norm.apply(x_test).float(), y_test.long()))
-
-
-def image_classification_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,
-                               x_test: torch.Tensor, y_test: torch.Tensor, num_classes: int,
-                               x_norm: Normalisation) -> Split:
-    """Like `classification_split` for uint8 images, which stay uint8 in memory and are
-    normalised with `x_norm` one batch at a time (see `ImageDataset`)."""
-    from dptrain.data.datasets.images import ImageDataset
-
-    return Split(name=name, task="classification", num_classes=num_classes, x_norm=x_norm,
-                 train=ImageDataset(x_train, y_train.long(), x_norm),
-                 test=ImageDataset(x_test, y_test.long(), x_norm))
 
 
 def regression_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,

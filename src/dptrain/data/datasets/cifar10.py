@@ -19,9 +19,8 @@ from dptrain.data.datasets.base import (
     Normalisation,
     Split,
     check_labels,
-    image_classification_split,
 )
-from dptrain.data.datasets.images import fit_image_normalisation
+from dptrain.data.datasets.images import fit_image_normalisation, image_classification_split
 from dptrain.errors import ConfigError, DataError
 
 NUM_CLASSES = 10
@@ -129,4 +128,5 @@ def load_cifar10(directory: str | Path, *, format: str = "auto", flat: bool = Fa
         x_norm = Normalisation(x_norm.mean.expand(3, 32, 32).reshape(PIXELS),
                                x_norm.std.expand(3, 32, 32).reshape(PIXELS))
     return image_classification_split("cifar10", x_tr, torch.from_numpy(y_tr), x_te,
-                                      torch.from_numpy(y_te), NUM_CLASSES, x_norm)
+                                      torch.from_numpy(y_te), NUM_CLASSES, x_norm,
+                                      augment_by_default=True)

@@ -14,12 +14,8 @@ import numpy as np
 import torch
 
 from dptrain.data.datasets._files import existing_dir, find_file, read_bytes
-from dptrain.data.datasets.base import (
-    Split,
-    check_labels,
-    image_classification_split,
-)
-from dptrain.data.datasets.images import fit_image_normalisation
+from dptrain.data.datasets.base import Split, check_labels
+from dptrain.data.datasets.images import fit_image_normalisation, image_classification_split
 from dptrain.errors import ConfigError, DataError
 
 IDX_LABELS = 2049

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dptrain.data.datasets.base import ArrayDataset, Normalisation
+from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
 
 PAD = 4
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -134,3 +134,15 @@ def fit_image_normalisation(raw: torch.Tensor, dim: tuple[int, ...],
     std = var.sqrt()
     std = torch.where(std > 0, std, torch.ones_like(std))
     return Normalisation(mean.squeeze(0).float(), std.squeeze(0).float())
+
+
+def image_classification_split(name: str, x_train: torch.Tensor, y_train: torch.Tensor,
+                               x_test: torch.Tensor, y_test: torch.Tensor, num_classes: int,
+                               x_norm: Normalisation, augment_by_default: bool = False
+                               ) -> Split:
+    """Like `classification_split` for uint8 images, which stay uint8 in memory and are
+    normalised with `x_norm` one batch at a time (see `ImageDataset`)."""
+    return Split(name=name, task="classification", num_classes=num_classes, x_norm=x_norm,
+                 augment_by_default=augment_by_default,
+                 train=ImageDataset(x_train, y_train.long(), x_norm),
+                 test=ImageDataset(x_test, y_test.long(), x_norm))

@@ -1,0 +1,135 @@
+"""The learner factory: a model and a learner for a dataset, with every policy decided here.
+
+    from dptrain.data import load_dataset
+    from dptrain.learners.build import build_learner
+    from dptrain.learners.config import LearnerConfig, ModelConfig
+
+    split = load_dataset("digits")
+    learner = build_learner(ModelConfig(model="torch-cnn"), LearnerConfig(lr=1e-3), split,
+                            seed=0)                   # a TorchLearner, not yet set up
+
+The policies, keyed on what the model is (its kind, "tagi" or "torch", known from the registry
+or, for a model file, from what its function returns): which options each kind takes (precision,
+heteroscedastic), the loss per task, the optimiser (Adam), and global-batch BatchNorm for torch
+models that have BatchNorm. The command line, `dptrain.load_run` and library users all come
+through here, so a run built by hand trains exactly as `dptrain train` would.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from dptrain.data import Split
+from dptrain.errors import ConfigError
+from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.models import Kind, build_model as build_registered
+from dptrain.learners.models import MODELS, check_input, get_model, num_outputs
+from dptrain.learners.tagi_learner import TagiLearner
+from dptrain.learners.torch_config import OptimizerFactory
+from dptrain.learners.torch_learner import TorchLearner
+from dptrain.learners.user_model import is_model_file, load_user_model
+from dptrain.tagi import manual_seed
+
+HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp",)
+"""Built-in TAGI models with a (mean, noise) output pair per target; model files may have it."""
+
+
+def model_defaults(name: str) -> dict[str, Any]:
+    """The training options a built-in model was tuned with (batch size, σ_v, gain, ...), to
+    use where the user set none; {} for any other name (a model file)."""
+    return dict(MODELS[name].defaults) if name in MODELS else {}
+
+
+def build_model(config: ModelConfig, split: Split, *, seed: int,
+                dataset: str | None = None) -> tuple[Any, Kind]:
+    """(model, kind) sized for `split`, initialised from `seed` (the same on every rank).
+
+    Every mismatch between model, options and data is a one-line ConfigError; `dataset` is the
+    data's name in those lines (default: the split's).
+    """
+    dataset = dataset or split.name
+    classification = split.task == "classification"
+    if config.heteroscedastic and classification:
+        raise ConfigError(f"--heteroscedastic is for regression; dataset {dataset} is a "
+                          f"classification task")
+    if config.heteroscedastic and config.model in ("tagi-cnn", "tagi-resnet18"):
+        raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
+                          f"tagi-mlp or your own model file have it, {config.model} does not")
+    num_targets = None if classification else split.output_dim
+    if is_model_file(config.model):
+        built = load_user_model(config.model, split.input_shape, task=split.task,
+                                num_classes=split.num_classes, num_targets=num_targets,
+                                seed=seed, heteroscedastic=config.heteroscedastic)
+        model, kind = built.model, built.kind
+        if kind == "tagi" and config.precision == "64":
+            model.to(torch.float64)
+    else:
+        kind = get_model(config.model).kind
+        try:
+            check_input(config.model, split.input_shape)
+        except ConfigError as err:
+            raise ConfigError(f"dataset {dataset}: {err}") from None
+        torch.manual_seed(seed)
+        manual_seed(seed)
+        width = num_outputs(kind, split.task, split.num_classes, num_targets)
+        model = build_registered(config.model, split.input_shape, width,
+                                 config.builder_options())
+    _check_kind_options(config, kind)
+    return model, kind
+
+
+def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
+    """A model file's kind is only known once built: the per-kind rules again, for it."""
+    if kind == "tagi" and config.precision not in ("32", "64"):
+        raise ConfigError(f"precision {config.precision} is for torch models; {config.model} "
+                          f"is a TAGI model (32 or 64)")
+    if kind == "torch" and (config.precision == "64" or config.heteroscedastic):
+        raise ConfigError(f"{config.model} is a torch model: precision 64 and "
+                          f"--heteroscedastic are for TAGI models")
+
+
+def build_learner(model_config: ModelConfig, learner_config: LearnerConfig, split: Split, *,
+                  seed: int, dataset: str | None = None) -> TagiLearner | TorchLearner:
+    """The learner for `split`: TAGI's for a TAGI network, the torch learner for a module."""
+    model, kind = build_model(model_config, split, seed=seed, dataset=dataset)
+    if kind == "tagi":
+        return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
+    return torch_learner(model, learner_config, split.task, model_config.precision)
+
+
+def tagi_learner(model: Any, config: LearnerConfig, split: Split,
+                 heteroscedastic: bool = False) -> TagiLearner:
+    """A TAGI network's learner: σ_v schedule, data-parallel mode, metrics in data units."""
+    y_scale = split.y_norm.std if split.y_norm is not None else None
+    return TagiLearner(model, task=split.task, num_classes=split.num_classes,
+                       sigma_v=config.sigma_v, sigma_v_min=config.sigma_v_min,
+                       sigma_v_decay=config.sigma_v_decay, average=config.average,
+                       y_scale=y_scale, heteroscedastic=heteroscedastic)
+
+
+def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
+                  precision: str = "32") -> TorchLearner:
+    """A torch module's learner: the task's loss, Adam, and BatchNorm over the global batch
+    when the model has BatchNorm (each rank's share alone would be a smaller batch than the
+    one the model is trained for)."""
+    return TorchLearner(model, task_loss(task), adam(config.lr), precision=precision,
+                        strategy=config.strategy,
+                        accumulation_steps=config.accumulation_steps,
+                        sync_batchnorm=has_batchnorm(model))
+
+
+def task_loss(task: str) -> nn.Module:
+    """Cross-entropy on class labels, mean squared error on regression targets."""
+    return nn.CrossEntropyLoss() if task == "classification" else nn.MSELoss()
+
+
+def adam(lr: float) -> OptimizerFactory:
+    return functools.partial(torch.optim.Adam, lr=lr)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -1,0 +1,134 @@
+"""One process of a `dptrain train` job: the data, the learner and the Trainer its options name.
+
+    from dptrain.train.job import run_training
+    from dptrain.train.options import TrainOptions
+
+    summary = run_training(TrainOptions(nproc=1, epochs=2, out="runs/try"))  # every process
+
+Every process of the job calls `run_training` with the same options (the command line writes
+them to `options.json` for the processes it launches); rank 0 writes the run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from dptrain.data import Split
+from dptrain.data.config import DataConfig, load_split
+from dptrain.dist import (
+    Runtime,
+    broadcast_object,
+    distributed,
+    get_rank,
+    rank_zero_print,
+    setup_logging,
+)
+from dptrain.dist.job import launcher_start_time, stamp
+from dptrain.learners.build import build_learner, build_model
+from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
+from dptrain.train.faults import FailAt
+from dptrain.train.options import TrainOptions, run_record
+from dptrain.train.trainer import TrainConfig, Trainer
+
+
+def run_dir(options: TrainOptions, label: str) -> str:
+    """`runs/<model>-<dataset>-<label>`; a dataset PATH or model file adds its file stem."""
+    def name(spec: str) -> str:
+        kind, sep, rest = spec.partition(":")
+        if kind.endswith(".py"):  # PATH.py:FUNCTION
+            return f"{Path(kind).stem}.{rest}"
+        return f"{kind}-{Path(rest).stem}" if sep and Path(rest).suffix else kind
+
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{name(options.model)}-{name(options.dataset)}-"
+                  f"{label}").strip("-.") or "x"
+    return str(Path("runs") / slug)
+
+
+def agreed_run_dir(options: TrainOptions, started_at: float) -> str:
+    """Rank 0's run directory, named after `started_at`, on every rank (collective)."""
+    return broadcast_object(run_dir(options, stamp(started_at)) if get_rank() == 0 else None)
+
+
+def load_job_split(options: TrainOptions) -> Split:
+    return load_split(options.part(DataConfig), seed=options.seed)
+
+
+def preflight(options: TrainOptions) -> None:
+    """Load the data and build the model once, so that bad input fails before workers start."""
+    build_model(options.part(ModelConfig), load_job_split(options), seed=options.seed,
+                dataset=options.dataset)
+
+
+def train_config(options: TrainOptions, split: Split) -> TrainConfig:
+    """The Trainer's config: the options, with the monitored metric the task implies."""
+    fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
+    monitor = options.monitor or ("test_error" if split.task == "classification"
+                                  else "test_rmse")
+    return TrainConfig(
+        out_dir=Path(options.out), num_epochs=options.epochs,
+        global_batch_size=options.batch_size, seed=options.seed,
+        checkpoint_every=options.checkpoint_every or None, keep_last=options.keep_last,
+        resume=options.resume, monitor=monitor,
+        monitor_mode="max" if "log_likelihood" in monitor else "min",
+        patience=options.patience or None, progress=options.progress,
+        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)),
+        run_record=run_record(options))
+
+
+def run_training(options: TrainOptions) -> dict[str, Any]:
+    """Join the job's process group, train, and return the summary (every process)."""
+    with distributed(timeout=timedelta(seconds=options.timeout)) as runtime:
+        if not options.out:
+            # A launcher that names no job: rank 0 decides. Under torchrun its agent's start
+            # time, which the restarted attempts share, so they find the directory again.
+            started = launcher_start_time() if runtime.env.launcher == "torchrun" else None
+            options = replace(options, out=agreed_run_dir(options, started or time.time()))
+        setup_logging(runtime.env.rank)
+        logging.getLogger("dptrain").setLevel(logging.WARNING)
+        return run_job(options, runtime)
+
+
+def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
+    split = load_job_split(options)
+    learner = build_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
+                            seed=options.seed, dataset=options.dataset)
+    config = train_config(options, split)
+    rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "
+                    f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}), "
+                    f"global batch {options.batch_size}, run directory {options.out}")
+    summary = Trainer(learner, split, config, runtime).fit()
+    rank_zero_print(f"done: {headline(summary, split.task)} after {summary['final_epoch']} "
+                    f"epoch(s), {summary['samples_per_s']:.0f} samples/s, "
+                    f"{summary['wall_time_s']:.1f} s\n"
+                    f"run directory: {options.out} (summary.json, epochs.csv, "
+                    f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
+                    f"{Path(options.out) / 'tb'})")
+    return summary
+
+
+def headline(summary: dict[str, Any], task: str) -> str:
+    """The test metric users look at first, with how calibrated the predictions are."""
+    def pct(key: str, digits: int = 1) -> str:
+        value = summary.get(key)
+        return "n/a" if value is None else f"{100 * value:.{digits}f} %"
+
+    if task == "classification":
+        shown = f"test_error {pct('test_error', 2)}"
+        if summary.get("test_ece") is not None:
+            shown += f", ECE {summary['test_ece']:.3f}"
+        return shown
+    shown = f"test_rmse {summary.get('test_rmse', float('nan')):.4g}"
+    if summary.get("test_log_likelihood") is not None:
+        shown += f", log-likelihood {summary['test_log_likelihood']:.4g}"
+    if summary.get("test_coverage_2sigma") is not None:
+        shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
+                  f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
+    return shown

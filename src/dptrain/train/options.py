@@ -1,0 +1,114 @@
+"""The options of a training job: `FitOptions` (the Trainer's), and `TrainOptions`, the union of
+every component's config that `dptrain train` takes, one flag and one TOML key per field.
+
+    from dptrain.train.options import TrainOptions, run_record
+
+    options = TrainOptions(model="tagi-cnn", dataset="digits-image", epochs=3)
+    options.part(ModelConfig)          # its model part, for dptrain.learners.build
+    run_record(options)                # what defines the run, stored in every checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+from dptrain.data.config import DataConfig
+from dptrain.dist.launch import LaunchConfig
+from dptrain.errors import ConfigError
+from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.user_model import model_file_sha256
+from dptrain.options import bad_value, check_at_least, cli, defines_run, pick, resumable
+from dptrain.train.faults import FailAt
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitOptions:
+    """How long to train, on which global batch, and where and how often to checkpoint."""
+
+    epochs: int = field(default=10, metadata=resumable())
+    """Epochs to train."""
+    batch_size: int = 32
+    """Global batch of one step, split evenly over the processes (each takes its local
+    share)."""
+    seed: int = 0
+    """Seed of the data order, the initialisation and every RNG."""
+    out: str = field(default="", metadata=resumable(metavar="DIR"))
+    """Run directory; empty: runs/<model>-<dataset>-<time>, or -<job id> under a launcher that
+    names the job (torchrun's run id, Slurm's or OpenMPI's job id)."""
+    checkpoint_every: int = field(default=0, metadata=resumable())
+    """Also checkpoint every this many steps (0: at epoch ends only)."""
+    keep_last: int = field(default=3, metadata=resumable())
+    """Checkpoints kept (the best one is kept besides)."""
+    resume: Literal["auto", "never"] = field(default="auto", metadata=resumable(choices=True))
+    """auto: continue from the newest valid checkpoint in the run directory; never: refuse a
+    directory that holds checkpoints."""
+    patience: int = field(default=0, metadata=resumable())
+    """Stop after this many epochs without a better monitored metric (0: never)."""
+    monitor: str = ""
+    """Metric for early stopping and the best checkpoint; empty: test_error (classification)
+    or test_rmse (regression). A *log_likelihood* metric is maximised, others minimised."""
+    fail_at: str = field(default="", metadata=resumable(metavar="RANK:STEP,..."))
+    """Fault injection: RANK:STEP (that rank SIGKILLs itself before that step) or RANK:ckpt:STEP
+    (while writing that step's checkpoint); comma-separated, one point per attempt of the job."""
+    progress: bool = field(default=True, metadata=resumable(negative="no-progress"))
+    """Show a progress bar on rank 0."""
+
+    def __post_init__(self) -> None:
+        check_at_least(self, ("epochs", "batch_size", "keep_last"), 1)
+        check_at_least(self, ("checkpoint_every", "patience"), 0)
+        if self.resume not in ("auto", "never"):
+            raise bad_value(self, "resume", "auto or never")
+        if self.fail_at:
+            FailAt.parse(self.fail_at)
+
+
+COMPONENTS = (ModelConfig, DataConfig, LearnerConfig, FitOptions, LaunchConfig)
+"""The parts of `TrainOptions`, in the order they validate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(LaunchConfig, FitOptions, LearnerConfig, DataConfig, ModelConfig):
+    """Everything `dptrain train` can be told: every component's fields, each validated by its
+    own component. Flag `--batch-size` is field `batch_size`, TOML key `batch_size` or
+    `batch-size`."""
+
+    def __post_init__(self) -> None:
+        for component in COMPONENTS:
+            component.__post_init__(self)
+        if self.resume == "never" and self.max_restarts:
+            raise ConfigError("max-restarts restarts the job from its checkpoints, which "
+                              "--resume never forbids: use one or the other")
+
+    def part(self, component: type) -> Any:
+        """This job's config of one component (`ModelConfig`, `DataConfig`, ...)."""
+        return pick(component, self)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainOptions:
+        return cls(**json.loads(text))
+
+
+RESUMABLE_OPTIONS = frozenset(f.name for f in fields(TrainOptions) if not defines_run(f))
+"""Options that may change when a run resumes; every other option defines the run."""
+
+
+def run_record(options: TrainOptions) -> dict[str, Any]:
+    """The options that define the run, stored in every checkpoint and compared when the run
+    resumes; a model file counts by its content (`model_sha256`), wherever it lies."""
+    record = {f.name: getattr(options, f.name) for f in fields(options) if defines_run(f)}
+    digest = model_file_sha256(options.model)
+    if digest is not None:
+        record["model_sha256"] = digest
+    return record
+
+
+def check_batch_split(batch_size: int, world_size: int, source: str) -> None:
+    """The global batch splits evenly over the job's real world size (`source` says whose)."""
+    if batch_size % world_size:
+        raise ConfigError(f"batch-size {batch_size} must be divisible by the world size "
+                          f"{world_size} ({source}): every process takes an equal share")
