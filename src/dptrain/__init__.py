@@ -7,6 +7,7 @@ Importing dptrain starts no process group and reads no environment.
 """
 
 from dptrain import tagi
+from dptrain._version import __version__
 from dptrain.data import ShardedSampler
 from dptrain.dist import DistEnv, init_distributed
 from dptrain.inference import load_run
@@ -14,7 +15,6 @@ from dptrain.learners import TorchLearner
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.train import TrainConfig, Trainer
 
-__version__ = "0.1.0"
 
 __all__ = ["DistEnv", "ShardedSampler", "TagiLearner", "TorchLearner", "TrainConfig", "Trainer",
            "__version__", "init_distributed", "load_run", "tagi"]

@@ -27,7 +27,7 @@ import torch
 from dptrain.data import load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.errors import CheckpointError, ConfigError
-from dptrain.learners.build import build_model
+from dptrain.learners.build import create_model
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.user_model import is_model_file, model_file_sha256
 from dptrain.options import pick
@@ -193,7 +193,7 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
                               f"replicated ones")
     seed = record.get("seed", 0)
     split = load_split(DataConfig(dataset=record["dataset"], augment="off"), seed=seed)
-    model, kind = build_model(model_config, split, seed=seed, dataset=record["dataset"])
+    model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")

@@ -139,7 +139,7 @@ def env_command(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from dptrain import __version__
+    from dptrain._version import __version__
     from dptrain.dist import resolve_env
 
     environ = dict(os.environ)

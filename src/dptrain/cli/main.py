@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dptrain import __version__
+from dptrain._version import __version__
 from dptrain.cli import env as env_cmd
 from dptrain.cli import predict as predict_cmd
 from dptrain.cli import run as run_cmd

@@ -1,12 +1,12 @@
 """The learner factory: a model and a learner for a dataset, with every policy decided here.
 
     from dptrain.data import load_dataset
-    from dptrain.learners.build import build_learner
+    from dptrain.learners.build import create_learner
     from dptrain.learners.config import LearnerConfig, ModelConfig
 
     split = load_dataset("digits")
-    learner = build_learner(ModelConfig(model="torch-cnn"), LearnerConfig(lr=1e-3), split,
-                            seed=0)                   # a TorchLearner, not yet set up
+    learner = create_learner(ModelConfig(model="torch-cnn"), LearnerConfig(lr=1e-3), split,
+                             seed=0)                  # a TorchLearner, not yet set up
 
 The policies, keyed on what the model is (its kind, "tagi" or "torch", known from the registry
 or, for a model file, from what its function returns): which options each kind takes (precision,
@@ -26,7 +26,7 @@ from torch import nn
 from dptrain.data import Split
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import Kind, build_model as build_registered
+from dptrain.learners.models import Kind, build_model
 from dptrain.learners.models import MODELS, check_input, get_model, num_outputs
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.torch_config import OptimizerFactory
@@ -44,8 +44,8 @@ def model_defaults(name: str) -> dict[str, Any]:
     return dict(MODELS[name].defaults) if name in MODELS else {}
 
 
-def build_model(config: ModelConfig, split: Split, *, seed: int,
-                dataset: str | None = None) -> tuple[Any, Kind]:
+def create_model(config: ModelConfig, split: Split, *, seed: int,
+                 dataset: str | None = None) -> tuple[Any, Kind]:
     """(model, kind) sized for `split`, initialised from `seed` (the same on every rank).
 
     Every mismatch between model, options and data is a one-line ConfigError; `dataset` is the
@@ -76,8 +76,8 @@ def build_model(config: ModelConfig, split: Split, *, seed: int,
         torch.manual_seed(seed)
         manual_seed(seed)
         width = num_outputs(kind, split.task, split.num_classes, num_targets)
-        model = build_registered(config.model, split.input_shape, width,
-                                 config.builder_options())
+        model = build_model(config.model, split.input_shape, width,
+                            config.builder_options())
     _check_kind_options(config, kind)
     return model, kind
 
@@ -92,10 +92,10 @@ def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
                           f"--heteroscedastic are for TAGI models")
 
 
-def build_learner(model_config: ModelConfig, learner_config: LearnerConfig, split: Split, *,
-                  seed: int, dataset: str | None = None) -> TagiLearner | TorchLearner:
+def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, split: Split, *,
+                   seed: int, dataset: str | None = None) -> TagiLearner | TorchLearner:
     """The learner for `split`: TAGI's for a TAGI network, the torch learner for a module."""
-    model, kind = build_model(model_config, split, seed=seed, dataset=dataset)
+    model, kind = create_model(model_config, split, seed=seed, dataset=dataset)
     if kind == "tagi":
         return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
     return torch_learner(model, learner_config, split.task, model_config.precision)

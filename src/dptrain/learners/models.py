@@ -27,6 +27,19 @@ import torch
 from torch import nn
 
 from dptrain.errors import ConfigError
+from dptrain.tagi import (
+    AvgPool2d,
+    BatchNorm2d,
+    Conv2d,
+    EvenExp,
+    HRCSoftmax,
+    LayerBlock,
+    Linear,
+    MixtureReLU,
+    ReLU,
+    ResNetBlock,
+    Sequential,
+)
 
 Kind = Literal["tagi", "torch"]
 
@@ -105,8 +118,6 @@ def _gains(options: ModelOptions, default: float = 1.0) -> tuple[float, float]:
 def tagi_mlp(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
     """Two ReLU layers of width `hidden`; image inputs are flattened (C-major) by the first
     Linear layer."""
-    from dptrain.tagi import EvenExp, Linear, ReLU, Sequential
-
     gw, gb = _gains(options)
     width, layers = _flat_size(input_shape), []
     for _ in range(2):
@@ -140,8 +151,6 @@ def _stage_out(size: int, conv_k: int, conv_p: int, pool_k: int, pool_s: int) ->
 def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
     """pytagi's classification CNN: Conv2d(C,16) - ReLU - AvgPool2d - Conv2d(16,32) - ReLU -
     AvgPool2d - Linear(., 100) - ReLU - Linear(100, num_outputs) (hidden 64 on small images)."""
-    from dptrain.tagi import AvgPool2d, Conv2d, Linear, ReLU, Sequential
-
     c, h, w = _image(input_shape)
     hidden = 100 if min(h, w) >= 24 else 64
     gw, gb = _gains(options)
@@ -164,13 +173,6 @@ def tagi_resnet18(input_shape: tuple[int, ...], num_outputs: int, options: Model
     BatchNorm2d; the first block of stages 2-4 has stride 2 with padding_type 2 and a projection
     shortcut Conv2d(k=2, stride=2) + MixtureReLU + BatchNorm2d; no activation after the sum;
     AvgPool2d over the last feature map (4x4 on 32x32 inputs), Linear(8·width, num_outputs)."""
-    try:
-        from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, Linear,
-                                  MixtureReLU, ResNetBlock, Sequential)
-    except ImportError:  # pragma: no cover - an engine without normalisation layers
-        raise ConfigError("tagi-resnet18 needs the TAGI BatchNorm2d and ResNetBlock layers, "
-                          "which this installation of dptrain lacks") from None
-
     c, h, w = _image(input_shape)
     gw, gb = _gains(options)
 
@@ -332,7 +334,6 @@ def num_outputs(kind: Kind, task: str, num_classes: int | None, num_targets: int
     if task != "classification":
         return int(num_targets)
     if kind == "tagi":
-        from dptrain.tagi import HRCSoftmax
         return HRCSoftmax(num_classes).num_outputs
     return int(num_classes)
 

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import torch
 
 from dptrain.errors import ConfigError
+from dptrain.learners.models import num_outputs
+from dptrain.tagi import Sequential, manual_seed
 
 
 def is_model_file(spec: str) -> bool:
@@ -100,9 +102,6 @@ def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
     """Build the user's model for this dataset and check it fits (type and output width).
     With `heteroscedastic` (TAGI regression), a TAGI model outputs (mean, noise) pairs: twice
     the targets."""
-    from dptrain.learners.models import num_outputs
-    from dptrain.tagi import Sequential, manual_seed
-
     fn = load_function(spec)
     torch_width = num_outputs("torch", task, num_classes, num_targets)
 

@@ -31,7 +31,7 @@ from dptrain.dist import (
     setup_logging,
 )
 from dptrain.dist.job import launcher_start_time, stamp
-from dptrain.learners.build import build_learner, build_model
+from dptrain.learners.build import create_learner, create_model
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
@@ -63,8 +63,8 @@ def load_job_split(options: TrainOptions) -> Split:
 
 def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start."""
-    build_model(options.part(ModelConfig), load_job_split(options), seed=options.seed,
-                dataset=options.dataset)
+    create_model(options.part(ModelConfig), load_job_split(options), seed=options.seed,
+                 dataset=options.dataset)
 
 
 def train_config(options: TrainOptions, split: Split) -> TrainConfig:
@@ -98,8 +98,8 @@ def run_training(options: TrainOptions) -> dict[str, Any]:
 
 def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     split = load_job_split(options)
-    learner = build_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
-                            seed=options.seed, dataset=options.dataset)
+    learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
+                             seed=options.seed, dataset=options.dataset)
     config = train_config(options, split)
     rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "
                     f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}), "
