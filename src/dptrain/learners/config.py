@@ -18,6 +18,7 @@ import torch
 
 from dptrain.errors import ConfigError
 from dptrain.learners.models import MODELS, TAGI_MODELS, TORCH_MODELS, ModelOptions
+from dptrain.learners.tagi_learner import check_sigma_v_schedule
 from dptrain.learners.user_model import is_model_file
 from dptrain.options import bad_value, check_at_least, cli
 
@@ -108,8 +109,6 @@ class LearnerConfig:
         if self.strategy not in ("ddp", "fsdp"):
             raise bad_value(self, "strategy", "ddp or fsdp")
         check_at_least(self, ("accumulation_steps",), 1)
-        if self.sigma_v <= 0 or self.lr <= 0:
-            raise ConfigError(f"sigma-v and lr must be > 0, got {self.sigma_v} and {self.lr}")
-        if self.sigma_v_min < 0 or not 0 < self.sigma_v_decay <= 1:
-            raise ConfigError(f"sigma-v-min must be >= 0 and sigma-v-decay in (0, 1], got "
-                              f"{self.sigma_v_min} and {self.sigma_v_decay}")
+        check_sigma_v_schedule(self.sigma_v, self.sigma_v_min, self.sigma_v_decay)
+        if self.lr <= 0:
+            raise bad_value(self, "lr", "a learning rate > 0")

@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 _LOG_2PI = math.log(2 * math.pi)
 
 
+def check_sigma_v_schedule(sigma_v: float, sigma_v_min: float, sigma_v_decay: float) -> None:
+    """σ_v > 0, a floor >= 0 and a decay in (0, 1]; the one check of them, for the learner and
+    for `LearnerConfig`."""
+    if sigma_v <= 0:
+        raise ConfigError(f"sigma-v must be > 0, got {sigma_v}")
+    if sigma_v_min < 0 or not 0 < sigma_v_decay <= 1:
+        raise ConfigError(f"sigma-v-min must be >= 0 and sigma-v-decay in (0, 1], got "
+                          f"{sigma_v_min} and {sigma_v_decay}")
+
+
 class TagiLearner:
     """Classification through the hierarchical softmax, or regression with observation noise.
 
@@ -65,11 +75,7 @@ class TagiLearner:
                               "targets")
         if task == "classification" and num_classes is None:
             raise ConfigError("classification needs num_classes")
-        if sigma_v <= 0:
-            raise ConfigError(f"sigma_v must be > 0, got {sigma_v}")
-        if sigma_v_min < 0 or not 0 < sigma_v_decay <= 1:
-            raise ConfigError(f"sigma_v_min must be >= 0 and sigma_v_decay in (0, 1], got "
-                              f"{sigma_v_min} and {sigma_v_decay}")
+        check_sigma_v_schedule(sigma_v, sigma_v_min, sigma_v_decay)
         self.model, self.task, self.sigma_v, self.average = model, task, sigma_v, average
         self.schedule = {"sigma_v": sigma_v, "sigma_v_min": sigma_v_min,
                          "sigma_v_decay": sigma_v_decay}
@@ -101,8 +107,7 @@ class TagiLearner:
         self.sigma_v = self.sigma_v_at(epoch)
 
     def set_sigma_v(self, sigma_v: float) -> None:
-        if sigma_v <= 0:
-            raise ConfigError(f"sigma_v must be > 0, got {sigma_v}")
+        check_sigma_v_schedule(sigma_v, 0.0, 1.0)
         self.sigma_v = sigma_v
 
     def _ddp(self) -> DDPSequential:

@@ -141,9 +141,8 @@ class Conv2d(ParamLayer):
         """A grey image (one channel, deterministic) as the first layer, as matrix products
         over its unfolded patches: m_Z = P m_Wᵀ + m_B, v_Z = P² v_Wᵀ + v_B, with P (B·Ho·Wo,
         k²) the patches of m_A. The same sums as the convolutions, but on the CPU torch's
-        convolution kernels are slow for a single input channel: measured 2x faster for the
-        forward and both weight gradients of pytagi's MNIST CNN, which reuse P and P² (see
-        `backward`). The result (B·Ho·Wo, O) is the channels-last (B, O, Ho, Wo) state as is."""
+        convolution kernels are slow for a single input channel (measured in bench/README.md,
+        tagi_vs_pytagi.py, CNN); the weight gradients reuse P and P² (see `backward`). The result (B·Ho·Wo, O) is the channels-last (B, O, Ho, Wo) state as is."""
         batch, out = mu_a.shape[0], self.out_channels
         k, s, p = self.kernel_size, self.window.stride, self.window.native_padding
         height, width = ((size + 2 * p - k) // s + 1 for size in mu_a.shape[2:])

@@ -96,8 +96,8 @@ def _gather_stats(local: torch.Tensor) -> torch.Tensor:
 DEFAULT_BUCKET_BYTES = 256 * 1024
 """A bucket of deltas is sent once it holds at least this many bytes (whole top-level layers,
 from the output side). Each collective has a fixed cost, so a much smaller bucket costs more
-than it can hide; torch DDP's 25 MB would hold every network we measured in one bucket. How this
-value was chosen: bench/README.md, tagi_ddp."""
+than it can hide; torch DDP's 25 MB would hold any of our benchmark networks in one bucket. How
+this value was chosen: bench/README.md, tagi_ddp."""
 
 
 class _Bucket:
