@@ -8,7 +8,7 @@ from dataclasses import fields
 import pytest
 
 from dptrain.cli.main import build_parser
-from dptrain.cli.train_options import accepted_keys
+from dptrain.cli.train import accepted_keys
 from dptrain.data import accepted_names
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
