@@ -25,11 +25,6 @@ def _forward(model, kind: str, x: torch.Tensor) -> torch.Tensor:
         return model(x)[0] if kind == "tagi" else model(x)
 
 
-def _has_tagi_batchnorm() -> bool:
-    import dptrain.tagi as tagi
-    return hasattr(tagi, "BatchNorm2d") and hasattr(tagi, "ResNetBlock")
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_builtin_model_is_sized_from_the_data(name, shape):
@@ -38,8 +33,6 @@ def test_every_builtin_model_is_sized_from_the_data(name, shape):
         with pytest.raises(ConfigError, match="multiple of 8"):
             check_input(name, shape)
         return
-    if name == "tagi-resnet18" and not _has_tagi_batchnorm():
-        pytest.skip("the TAGI engine has no BatchNorm2d yet")
     outputs = 11 if spec.kind == "tagi" else 10
     model = build_model(name, shape, outputs, ModelOptions(width=4, hidden=16))
     out = _forward(model, spec.kind, torch.randn(3, *shape))
@@ -206,8 +199,6 @@ def test_tagi_resnet18_is_pytagis_cifar10_resnet18():
     """Layer by layer as pytagi's `resnet18_cifar10`: 3x3 conv (no bias) - MixtureReLU -
     BatchNorm2d everywhere, stride-2 convs with padding_type 2, 2x2 stride-2 projections,
     AvgPool2d(4), Linear(512, 11); initial weight variances scaled by gain² = 0.083²."""
-    if not _has_tagi_batchnorm():
-        pytest.skip("the TAGI engine has no BatchNorm2d yet")
     from dptrain.tagi import ResNetBlock, manual_seed
     manual_seed(0)
     net = build_model("tagi-resnet18", (3, 32, 32), 11, ModelOptions(gain_weight=0.083))
