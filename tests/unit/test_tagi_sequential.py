@@ -382,10 +382,59 @@ def test_package_docstring_example_runs():
     assert namespace["pred"].shape == (32,) and namespace["mu"].shape == (32, 11)
 
 
-@pytest.mark.parametrize("activation", ["ReLU", "MixtureReLU", "Sigmoid", "MixtureSigmoid",
-                                        "Tanh", "MixtureTanh", "LeakyReLU", "Softplus"])
+def _activation_closed_form(name: str, m: torch.Tensor, v: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m_A, v_A, J) of each activation from docs/tagi.md, Activations, written without the
+    engine: linearised ones from f and f', mixtures from the moments of max(Z, 0) and of the
+    clipped Gaussian clip(Z, −1, 1) (plain float64 forms; the engine uses cancellation-free
+    ones)."""
+    linearised = {
+        "ReLU": (m.clamp_min(0), (m > 0).double()),
+        "LeakyReLU": (torch.where(m > 0, m, 0.1 * m),
+                      torch.where(m > 0, torch.ones_like(m), torch.full_like(m, 0.1))),
+        "Sigmoid": (torch.sigmoid(m), torch.sigmoid(m) * (1 - torch.sigmoid(m))),
+        "Tanh": (torch.tanh(m), 1 - torch.tanh(m) ** 2),
+        "Softplus": (torch.log1p(torch.exp(m)), torch.sigmoid(m)),
+    }
+    if name in linearised:
+        mean, jcb = linearised[name]
+        return mean, jcb**2 * v, jcb
+    s = v.sqrt()
+    pdf = lambda u: torch.exp(-0.5 * u * u) / math.sqrt(2 * math.pi)  # noqa: E731
+    cdf = torch.special.ndtr
+    if name == "MixtureReLU":
+        alpha = m / s
+        mean = m * cdf(alpha) + s * pdf(alpha)
+        second = (m * m + v) * cdf(alpha) + m * s * pdf(alpha)
+        return mean.clamp_min(1e-6), (second - mean**2).clamp_min(1e-6), cdf(alpha)
+    lo, hi = (-1 - m) / s, (1 - m) / s  # the clip points in standard units
+    inside = cdf(hi) - cdf(lo)
+    mean = -cdf(lo) + cdf(-hi) + m * inside + s * (pdf(lo) - pdf(hi))
+    second = (cdf(lo) + cdf(-hi) + (m * m + v) * inside + 2 * m * s * (pdf(lo) - pdf(hi))
+              + v * (lo * pdf(lo) - hi * pdf(hi)))
+    var = second - mean**2
+    if name == "MixtureTanh":
+        return mean, var.clamp_min(1e-6), inside
+    assert name == "MixtureSigmoid"
+    return mean / 2 + 0.5, (var / 4).clamp_min(1e-6), inside / 2
+
+
+# Test error on y = sin(2x) after 100 steps, measured (float64, fixed seeds, deterministic);
+# the test allows twice that. Dropping the hidden J in Linear.backward gives 3-16 % of the
+# initial error for every activation, which the old bound (25 %) let through.
+ERROR_AFTER_100_STEPS = {"ReLU": 0.0036, "MixtureReLU": 0.00043, "Sigmoid": 0.023,
+                         "MixtureSigmoid": 0.00016, "Tanh": 0.013, "MixtureTanh": 0.0094,
+                         "LeakyReLU": 0.011, "Softplus": 0.144}
+
+
+@pytest.mark.parametrize("activation", list(ERROR_AFTER_100_STEPS))
 def test_every_activation_trains_a_regression(activation):
-    """Each activation in a network: 100 steps on y = sin(2x) reduce the test error."""
+    """Each activation inside a network (Linear, activation, Linear): the deltas of both
+    layers equal a transcription of docs/tagi.md (activation moments and J, output update,
+    backward) to 1e-9, and 100 steps on y = sin(2x) bring the test error to within twice its
+    measured value. Mutations tried, each failing the delta check: J for J² on δv in
+    `Linear.backward` (all but ReLU), Linear dropping the stored J (all; it also fails the
+    error bound of all but Softplus), Tanh's J = 1 − tanh, Sigmoid's J = σ."""
     import dptrain.tagi as tagi
 
     manual_seed(0)
@@ -396,9 +445,33 @@ def test_every_activation_trains_a_regression(activation):
     def error() -> float:
         return ((net.eval()(x_test)[0] - torch.sin(2 * x_test)) ** 2).mean().item()
 
-    before = error()
     net.train()
     for _ in range(100):
         x = torch.rand(16, 1, generator=g, dtype=F64) * 3 - 1.5
         regression_step(net, x, torch.sin(2 * x), 0.01)
-    assert error() < 0.25 * before
+    assert error() < 2 * ERROR_AFTER_100_STEPS[activation]
+    # One more batch, from the trained parameters, against the transcription.
+    net.train()
+    x = torch.rand(16, 1, generator=g, dtype=F64) * 3 - 1.5
+    y = torch.sin(2 * x)
+    regression_step(net, x, y, 0.01, do_step=False)
+    p = {k: v.clone() for k, v in net.state_dict().items()}
+    m1 = x @ p["0.mu_w"].T + p["0.mu_b"]
+    v1 = (x * x) @ p["0.var_w"].T + p["0.var_b"]
+    m_a, v_a, jcb = _activation_closed_form(activation, m1, v1)
+    w2, var_w2 = p["2.mu_w"], p["2.var_w"]
+    m2 = m_a @ w2.T + p["2.mu_b"]
+    v2 = v_a @ (w2**2 + var_w2).T + m_a**2 @ var_w2.T + p["2.var_b"]
+    d2, dv2 = (y - m2) / (v2 + 0.01), -1 / (v2 + 0.01)
+    d1, dv1 = jcb * (d2 @ w2), jcb**2 * (dv2 @ w2**2)
+    want = {}
+    for i, (inp, dm, dv) in ((0, (x, d1, dv1)), (2, (m_a, d2, dv2))):
+        vw, vb = p[f"{i}.var_w"], p[f"{i}.var_b"]
+        want[f"{i}.delta_mu_w"] = vw * (dm.T @ inp)
+        want[f"{i}.delta_var_w"] = vw**2 * (dv.T @ inp**2)
+        want[f"{i}.delta_mu_b"] = vb * dm.sum(0)
+        want[f"{i}.delta_var_b"] = vb**2 * dv.sum(0)
+    got = deltas(net)
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-13, msg=name)
