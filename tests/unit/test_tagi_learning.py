@@ -133,10 +133,10 @@ def test_toy_regression_band_covers_the_data(seed):
     2.5 times the noise σ (measured 1.6-2.1 times; the epistemic part is large with 20 points).
 
     Mutations tried, each failing this test: Δv = v·g instead of v²·g (bands far too narrow,
-    ±3σ coverage 76-86 %), Δv dropped so variances keep their prior (±1σ coverage 100 %, σ about 8-9
-    times the noise), the forward variance without m_A² v_W (±3σ coverage 88-96 %), and without
-    v_A m_W² (seed 0: ±1σ coverage 54 %). The old bounds (≥ 95 % at ±3σ, σ < 3x the noise) let
-    the last one through."""
+    ±3σ coverage 76-86 %), Δv dropped so variances keep their prior (±1σ coverage 100 %, σ
+    about 8-9 times the noise), the forward variance without m_A² v_W (±3σ coverage 88-96 %),
+    and without v_A m_W² (seed 0: ±1σ coverage 54 %). The old bounds (≥ 95 % at ±3σ, σ < 3x
+    the noise) let the last one through."""
     g = torch.Generator().manual_seed(seed)
     noisy_cube = lambda x: x**3 + 3.0 * torch.randn(x.shape, generator=g)  # noqa: E731
     x = torch.rand(20, 1, generator=g) * 8 - 4
