@@ -42,10 +42,6 @@ def _train(out: Path, *args: str, timeout_s: float = 150):
 @pytest.mark.parametrize("model, dataset", [
     ("torch-resnet18", "cifar10"), ("tagi-resnet18", "cifar10")])  # tagi-cnn: in the next test
 def test_builtin_image_models_train_on_two_processes(tmp_path, data, model, dataset):
-    if model == "tagi-resnet18":
-        import dptrain.tagi as tagi
-        if not hasattr(tagi, "BatchNorm2d"):
-            pytest.skip("the TAGI engine has no BatchNorm2d yet")
     out = tmp_path / model
     result = _train(out, "--model", model, "--dataset", f"{dataset}:{data[dataset]}",
                     "--width", "4")

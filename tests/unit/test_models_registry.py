@@ -25,11 +25,6 @@ def _forward(model, kind: str, x: torch.Tensor) -> torch.Tensor:
         return model(x)[0] if kind == "tagi" else model(x)
 
 
-def _has_tagi_batchnorm() -> bool:
-    import dptrain.tagi as tagi
-    return hasattr(tagi, "BatchNorm2d") and hasattr(tagi, "ResNetBlock")
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_builtin_model_is_sized_from_the_data(name, shape):
@@ -38,8 +33,6 @@ def test_every_builtin_model_is_sized_from_the_data(name, shape):
         with pytest.raises(ConfigError, match="multiple of 8"):
             check_input(name, shape)
         return
-    if name == "tagi-resnet18" and not _has_tagi_batchnorm():
-        pytest.skip("the TAGI engine has no BatchNorm2d yet")
     outputs = 11 if spec.kind == "tagi" else 10
     model = build_model(name, shape, outputs, ModelOptions(width=4, hidden=16))
     out = _forward(model, spec.kind, torch.randn(3, *shape))
@@ -125,6 +118,41 @@ def test_user_model_files(tmp_path):
     assert model_file_sha256(path) == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
 
 
+DTENSOR_MODEL = """
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_module
+
+def sharded(input_shape, num_outputs):
+    model = torch.nn.Sequential(torch.nn.Linear(input_shape[0], 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, num_outputs))
+    return distribute_module(model, init_device_mesh("cpu", (1,)))
+"""
+
+
+def test_a_model_of_dtensors_is_refused_in_one_line(tmp_path):
+    """Scope (README): dptrain is data parallel only. A model file whose parameters are already
+    DTensors (built here for real: a one-process gloo group on a FileStore, a 1-device CPU
+    mesh) is refused by `load_user_model` with one line that says so and where to go instead,
+    before any worker starts. Mutation tried: removing the check, which lets the DTensor model
+    through (the test then fails on the missing ConfigError)."""
+    import torch.distributed as dist
+
+    path = tmp_path / "sharded.py"
+    path.write_text(DTENSOR_MODEL)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ConfigError, match=r"parameter '0.weight' is a DTensor; dptrain does "
+                                              r"data parallelism only") as info:
+            load_user_model(f"{path}:sharded", (6,), task="regression", num_classes=None,
+                            num_targets=2)
+    finally:
+        dist.destroy_process_group()
+    message = str(info.value)
+    assert "\n" not in message and "torchtitan" in message
+
+
 # ------------------------------------------------------------------------------ σ_v schedule
 def test_sigma_v_schedule_and_its_checkpoint():
     from dptrain.tagi import Linear, Sequential
@@ -206,8 +234,6 @@ def test_tagi_resnet18_is_pytagis_cifar10_resnet18():
     """Layer by layer as pytagi's `resnet18_cifar10`: 3x3 conv (no bias) - MixtureReLU -
     BatchNorm2d everywhere, stride-2 convs with padding_type 2, 2x2 stride-2 projections,
     AvgPool2d(4), Linear(512, 11); initial weight variances scaled by gain² = 0.083²."""
-    if not _has_tagi_batchnorm():
-        pytest.skip("the TAGI engine has no BatchNorm2d yet")
     from dptrain.tagi import ResNetBlock, manual_seed
     manual_seed(0)
     net = build_model("tagi-resnet18", (3, 32, 32), 11, ModelOptions(gain_weight=0.083))

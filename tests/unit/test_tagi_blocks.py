@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, LayerNorm, Linear,
-                          MixtureReLU, ReLU, ResNetBlock, Sequential, manual_seed)
+                          MixtureReLU, ReLU, ResNetBlock, Sequential, cap_factor, manual_seed)
+from dptrain.tagi.base import VAR_FLOOR
 from dptrain.tagi.states import DeltaStates, HiddenStates
 from tests.unit.tagi_helpers import F64, deltas, gen, regression_step
 
@@ -130,21 +131,96 @@ def test_nested_resnet_deltas_add_over_batch_splits(image):
         torch.testing.assert_close(sum(p[name] for p in parts), value, rtol=1e-10, atol=1e-15)
 
 
+def _by_hand_forward(layer, states: HiddenStates, branch_jcb: dict) -> HiddenStates:
+    """The composition rules of docs/tagi.md (LayerBlock, ResNetBlock) written out over the
+    leaf layers: a block runs its layers in order; a residual block adds the moments of its two
+    branches (the identity if no shortcut) and remembers the J each branch ends with."""
+    if isinstance(layer, ResNetBlock):
+        main = _by_hand_forward(layer.main, states, branch_jcb)
+        short = states if layer.short is None else _by_hand_forward(layer.short, states,
+                                                                   branch_jcb)
+        branch_jcb[id(layer)] = (main.jcb, short.jcb)
+        var = [v for v in (main.var_a, short.var_a) if v is not None]
+        return HiddenStates(main.mu_a + short.mu_a, sum(var) if var else None, None)
+    if isinstance(layer, Sequential):
+        for inner in layer.layers:
+            states = _by_hand_forward(inner, states, branch_jcb)
+        return states
+    return layer.forward(states)
+
+
+def _by_hand_backward(layer, delta: DeltaStates, branch_jcb: dict) -> DeltaStates:
+    """Innovations of the layer's input from those of its output: activations are skipped (the
+    next layer applies their J), a residual block feeds its innovations, times each branch's
+    final J, to both branches and adds what they return."""
+    def scaled(d: DeltaStates, jcb) -> DeltaStates:
+        return d if jcb is None else DeltaStates(d.delta_mu * jcb, d.delta_var * jcb * jcb)
+
+    if isinstance(layer, ResNetBlock):
+        j_main, j_short = branch_jcb[id(layer)]
+        main = _by_hand_backward(layer.main, scaled(delta, j_main), branch_jcb)
+        short = scaled(delta, j_short)
+        if layer.short is not None:
+            short = _by_hand_backward(layer.short, short, branch_jcb)
+        return DeltaStates(main.delta_mu + short.delta_mu, main.delta_var + short.delta_var)
+    if isinstance(layer, Sequential):
+        for inner in reversed(layer.layers):
+            if not inner.is_activation:
+                delta = _by_hand_backward(inner, delta, branch_jcb)
+        return delta
+    return layer.backward(delta, True)
+
+
 @pytest.mark.parametrize("image", [False, True])
-def test_nested_resnet_trains_and_round_trips(image, tmp_path):
+def test_nested_resnet_steps_every_layer_by_the_rules_and_round_trips(image, tmp_path):
+    """A residual block nested in another, BatchNorm inside, flat and image states, three
+    training steps. Each step: every delta, however deep, equals the composition rules run by
+    hand over a twin's leaf layers (to 1e-12); the step moves every parameter by its capped
+    delta, sqrt(v_old)/c(B) (docs/tagi.md, Capped step); in evaluation the nested BatchNorm
+    uses its running statistics, so a sample's output does not depend on the rest of the batch.
+    Then save/load reproduces parameters, state and outputs exactly.
+
+    Mutations tried, each failing this test: the identity shortcut without the J of the
+    block's input, a ResNetBlock backward that drops the shortcut's innovations, and
+    `Layer.train` not recursing into children (the nested BatchNorm keeps batch statistics in
+    evaluation). The old version checked only that the parameters stayed finite."""
     net = _resnet(image, bn=True)
+    twin = _resnet(image, bn=True)
     g = gen(6)
     for _ in range(3):
         x = torch.randn((8, 2, 5, 5) if image else (8, 5), generator=g, dtype=F64)
-        regression_step(net, x, torch.randn(8, 3, generator=g, dtype=F64), 0.1)
-    assert all(bool(torch.isfinite(t).all()) for _, t in net.named_parameter_tensors())
+        y = torch.randn(8, 3, generator=g, dtype=F64)
+        twin.load_state_dict(net.state_dict())
+        regression_step(net, x, y, 0.1, do_step=False)
+        branch_jcb: dict = {}
+        out = _by_hand_forward(twin, HiddenStates(x, None), branch_jcb)
+        inv_s = 1.0 / (out.var_a + 0.1)
+        _by_hand_backward(twin, DeltaStates((y - out.mu_a) * inv_s, -inv_s), branch_jcb)
+        for leaf in twin.parametric_leaves():
+            leaf.scale_deltas_()
+        want = deltas(twin)
+        assert all(bool(v.abs().sum() > 0) for v in want.values())  # every layer is reached
+        for name, value in deltas(net).items():
+            torch.testing.assert_close(value, want[name], rtol=1e-12, atol=1e-15, msg=name)
+        before = {k: v.clone() for k, v in net.named_parameter_tensors()}
+        net.step()
+        for name, value in net.named_parameter_tensors():
+            layer, kind = name.rsplit(".", 1)  # e.g. "2.main.0.main.3", "var_w"
+            bar = before[f"{layer}.var_{kind[-1]}"].sqrt() / cap_factor(8)
+            delta = want[f"{layer}.delta_{kind}"]
+            expected = before[name] + torch.maximum(torch.minimum(delta, bar), -bar)
+            if kind.startswith("var"):
+                expected = torch.where(expected > 0, expected, VAR_FLOOR)
+            torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-15, msg=name)
+    net.eval()
+    x = torch.randn((4, 2, 5, 5) if image else (4, 5), generator=g, dtype=F64)
+    torch.testing.assert_close(net(x[:1])[0], net(x)[0][:1], rtol=1e-12, atol=1e-15)
     net.save(str(tmp_path / "r.pt"))
     other = _resnet(image, bn=True)
     other.load(str(tmp_path / "r.pt"))
     assert torch.equal(other.flat_params, net.flat_params)
     assert torch.equal(other.flat_state, net.flat_state)
-    net.eval(), other.eval()
-    x = torch.randn((4, 2, 5, 5) if image else (4, 5), generator=g, dtype=F64)
+    other.eval()
     assert torch.equal(net(x)[0], other(x)[0])
 
 

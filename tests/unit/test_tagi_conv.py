@@ -181,6 +181,40 @@ def test_one_channel_first_layer_as_matmuls_equals_the_convolutions(kwargs):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_uncertain_input_after_a_deterministic_one_uses_its_own_windows():
+    """Bug pinned: a 1-channel Conv2d keeps the unfolded patches of a deterministic input for
+    its weight deltas; a later training forward on an *uncertain* input (the convolution path)
+    must drop them. Were they kept, the next backward would take the patches path and compute
+    Δ_W from the previous batch's windows: same shapes, no error, wrong deltas. Mutation tried:
+    deleting `self._patches = self._patches_sq = None` from `Conv2d.forward`; this test then
+    fails (the rest of the conv and parity tests pass with it)."""
+    g = gen(12)
+    first = torch.randn(2, 1, 6, 6, generator=g, dtype=F64)
+    mu_a = torch.randn(2, 1, 6, 6, generator=g, dtype=F64)
+    var_a = 0.1 + torch.rand(2, 1, 6, 6, generator=g, dtype=F64)
+    d_mu = torch.randn(2, 3, 6, 6, generator=g, dtype=F64)
+    d_var = -torch.rand(2, 3, 6, 6, generator=g, dtype=F64)
+    results = []
+    for history in ([first], []):  # trained on `first` before, or fresh (the reference)
+        conv = _conv(13, 1, 3, 3, padding=1)
+        for x in history:
+            conv.forward(HiddenStates(x, None))
+            conv.backward(DeltaStates(d_mu, d_var), need_input_delta=False)
+        conv.forward(HiddenStates(mu_a, var_a))
+        back = conv.backward(DeltaStates(d_mu, d_var), need_input_delta=True)
+        conv.scale_deltas_()
+        results.append([back.delta_mu, back.delta_var,
+                        *(t.clone() for _, t in conv.named_delta_tensors())])
+    names = ["δm_in", "δv_in"] + [n for n, _ in conv.named_delta_tensors()]
+    for name, got, want in zip(names, *results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=name)
+    # The reference itself is the convolution's weight gradient of this input (not the first).
+    torch.testing.assert_close(
+        results[1][2], conv.var_w * torch.nn.grad.conv2d_weight(mu_a, conv.mu_w.shape, d_mu,
+                                                                padding=1),
+        rtol=1e-12, atol=1e-12)
+
+
 def test_image_states_are_channels_last_and_layout_does_not_matter():
     """Conv and pooling layers hand on channels-last states; an NCHW and a channels-last
     input give the same outputs and deltas (float64), a Linear after them flattens C-major."""

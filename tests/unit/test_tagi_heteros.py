@@ -152,11 +152,14 @@ def test_split_heteros_reports_in_data_units():
 
 
 class _WheelEvenExp(EvenExp):
-    """EvenExp with the pytagi 0.2.1 wheel's noise-slot Jacobian J = v_Z m_T."""
+    """EvenExp with the pytagi 0.2.1 wheel's noise-slot Jacobian J = v_Z m_T, written from the
+    pre-activation moments (m_T = exp(m_Z + v_Z/2)) rather than from the shipped J, so that a
+    wrong shipped J cannot carry over into this reference."""
 
     def moments(self, mu_z, var_z):
         mu_a, var_a, jcb = super().moments(mu_z, var_z)
-        jcb[:, 1::2] *= var_z[:, 1::2]
+        jcb = torch.ones_like(jcb)
+        jcb[:, 1::2] = var_z[:, 1::2] * torch.exp(mu_z[:, 1::2] + 0.5 * var_z[:, 1::2])
         return mu_a, var_a, jcb
 
 
@@ -203,13 +206,42 @@ def _worst_relative(pairs) -> tuple[float, str]:
 
 
 def test_parity_with_pytagi_is_exact_up_to_the_wheels_evenexp_jacobian():
-    """The 0.2.1 wheel uses J = v_Z m_T in EvenExp; with that one change we reproduce it; with
-    J = m_T (the consistent one, which cuTAGI adopted later) the noise slot's deltas differ."""
+    """The 0.2.1 wheel uses J = v_Z m_T in EvenExp; with that one change we reproduce its two
+    recorded steps (forward, every delta, parameters) to 1e-5 relative."""
     with np.load(FIXTURES) as fx:
         fx = dict(fx)
     worst, where = _worst_relative(_run_fixture_steps(_fixture_net(fx, _WheelEvenExp()), fx))
     assert worst < 1e-5, f"wheel Jacobian: {where} differs by {worst:.2e} (relative)"
-    ours = _run_fixture_steps(_fixture_net(fx, EvenExp()), fx)
-    forward, deltas = ours[:2], [p for p in ours if p[0].startswith("step0 2.delta")]
-    assert _worst_relative(forward)[0] < 1e-5  # same forward moments ...
-    assert _worst_relative(deltas)[0] > 1e-2  # ... but a different noise-slot innovation
+
+
+def test_shipped_jacobian_is_the_wheels_step_with_the_noise_innovations_divided_by_v_z():
+    """The other half of the parity: the shipped EvenExp (J = m_T) differs from the wheel's
+    (J = v_Z m_T, reproduced above) by exactly that J. The AGVI innovations of the noise slot
+    are proportional to J_T (δm) and J_T² (δv), so on the recorded first step ours are the
+    wheel's divided by v_Z and v_Z² of the noise pre-activation, the mean slot unchanged, and
+    every parameter delta is what the wheel network's backward makes of those innovations (to
+    1e-12). Mutations tried, each failing this test: shipping the wheel's J = v_Z m_T, J = m_T²,
+    and J_T/v_T instead of (J_T/v_T)² in the noise slot's δv (`_agvi_innovations`)."""
+    with np.load(FIXTURES) as fx:
+        fx = dict(fx)
+    x, y = torch.from_numpy(fx["fnn_heteros/x0"]), torch.from_numpy(fx["fnn_heteros/y0"])
+    ours, wheel = _fixture_net(fx, EvenExp()), _fixture_net(fx, _WheelEvenExp())
+    for net in (ours, wheel):
+        net(x)
+        OutputUpdater().update_heteros(net.output_z_buffer, y, net.input_delta_z_buffer)
+    torch.testing.assert_close(ours.output_z_buffer.mu_a, wheel.output_z_buffer.mu_a,
+                               rtol=0, atol=0)  # the same forward: only J differs
+    # v_Z of the noise slot from its log-normal output: v_T = m_T² (exp(v_Z) − 1).
+    out = wheel.output_z_buffer
+    var_z = torch.log1p(out.var_a[:, 1::2] / out.mu_a[:, 1::2] ** 2)
+    assert float((var_z - 1).abs().min()) > 1e-2  # v_Z ≠ 1 in every sample: the J differ
+    got, expect = ours.input_delta_z_buffer, wheel.input_delta_z_buffer
+    expect.delta_mu[:, 1::2] /= var_z
+    expect.delta_var[:, 1::2] /= var_z**2
+    torch.testing.assert_close(got.delta_mu, expect.delta_mu, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(got.delta_var, expect.delta_var, rtol=1e-12, atol=1e-15)
+    ours.backward()
+    wheel.backward()  # from the innovations scaled in place above
+    for (name, mine), (_, theirs) in zip(ours.named_delta_tensors(),
+                                         wheel.named_delta_tensors()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-15, msg=name)

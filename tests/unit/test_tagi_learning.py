@@ -3,6 +3,8 @@ and a CNN), and the predictive uncertainty of a 1D toy regression (issue 3, Corr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -123,9 +125,18 @@ def test_small_resnet_with_batchnorm_learns_digits():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_toy_regression_band_covers_the_data(seed):
-    """y = x³ + ε, ε ~ N(0, 9), 20 training points on [-4, 4]: the ±3σ predictive band
-    (network variance plus observation noise) covers ≥ 95 % of 200 fresh test points, and it is
-    informative (mean predictive σ below three times the noise σ)."""
+    """y = x³ + ε, ε ~ N(0, 9), 20 training points on [-4, 4]: the predictive distribution
+    (network variance plus observation noise) is calibrated on 200 fresh test points. For a
+    Gaussian prediction the ±1σ, ±2σ, ±3σ bands hold 68.3 %, 95.4 %, 99.7 % of the data; each
+    measured coverage must lie within three binomial standard deviations of that (measured:
+    71-75 %, 96-98 %, 99.5-100 %), and the band must be informative: mean predictive σ at most
+    2.5 times the noise σ (measured 1.6-2.1 times; the epistemic part is large with 20 points).
+
+    Mutations tried, each failing this test: Δv = v·g instead of v²·g (bands far too narrow,
+    ±3σ coverage 76-86 %), Δv dropped so variances keep their prior (±1σ coverage 100 %, σ
+    about 8-9 times the noise), the forward variance without m_A² v_W (±3σ coverage 88-96 %),
+    and without v_A m_W² (seed 0: ±1σ coverage 54 %). The old bounds (≥ 95 % at ±3σ, σ < 3x
+    the noise) let the last one through."""
     g = torch.Generator().manual_seed(seed)
     noisy_cube = lambda x: x**3 + 3.0 * torch.randn(x.shape, generator=g)  # noqa: E731
     x = torch.rand(20, 1, generator=g) * 8 - 4
@@ -150,6 +161,8 @@ def test_toy_regression_band_covers_the_data(seed):
     mu, var = net((x_test - x_mean) / x_std)
     mean = mu * y_std + y_mean
     std = (var + sigma_v**2).sqrt() * y_std
-    coverage = ((y_test - mean).abs() <= 3 * std).double().mean().item()
-    assert coverage >= 0.95
-    assert std.mean().item() < 9.0
+    for k, gaussian in ((1, 0.6827), (2, 0.9545), (3, 0.9973)):
+        coverage = ((y_test - mean).abs() <= k * std).double().mean().item()
+        tolerance = 3 * math.sqrt(gaussian * (1 - gaussian) / len(y_test))
+        assert abs(coverage - gaussian) <= tolerance, f"±{k}σ band holds {coverage:.1%}"
+    assert std.mean().item() <= 2.5 * 3.0, f"mean predictive σ {std.mean().item():.2f}"

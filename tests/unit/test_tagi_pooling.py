@@ -1,6 +1,7 @@
 """AvgPool2d and MaxPool2d against oracles written element by element: AvgPool2d is a fixed
 linear map (forward moments exact, Monte Carlo checked; innovations through its transpose);
-MaxPool2d follows cuTAGI's loop (largest mean wins, innovations summed at the winner)."""
+MaxPool2d is a loop over the windows (the largest mean wins, innovations summed at the winner),
+on windows of mixed signs and on windows whose means are all negative."""
 
 from __future__ import annotations
 
@@ -96,8 +97,11 @@ def test_avgpool_stride_defaults_to_the_kernel():
 
 
 def _max_pool_reference(mu, var, jcb, d_mu, d_var, k, s, p, t):
-    """cuTAGI's loops: per window the first strictly largest mean among the image pixels wins;
-    the output takes its mean and variance; backward adds J δ at the winner."""
+    """The rule of docs/tagi.md, MaxPool2d, as a loop: per window the largest mean among the
+    image pixels wins (the first one in raster order on ties; `max` has no start value, so a
+    window of negative means has a negative maximum); the output takes its mean and variance;
+    backward adds J δ, J² δv at the winner. cuTAGI's loop differs only for means ≤ -1e9 (its
+    start value; see docs/tagi.md, Departures from pytagi)."""
     b, c, h, w = mu.shape
     windows = list(_windows(h, w, k, s, p, t))
     ho = max(r for r, _, _ in windows) + 1
@@ -107,10 +111,7 @@ def _max_pool_reference(mu, var, jcb, d_mu, d_var, k, s, p, t):
     in_mu, in_var = torch.zeros_like(mu), torch.zeros_like(mu)
     for n, ch in itertools.product(range(b), range(c)):
         for r, col, cells in windows:
-            best = -1e9
-            for i, j in cells:
-                if mu[n, ch, i, j] > best:
-                    best, winner = mu[n, ch, i, j], (i, j)
+            winner = max(cells, key=lambda ij: float(mu[n, ch][ij]))  # the first maximum
             out_mu[n, ch, r, col] = mu[n, ch][winner]
             out_var[n, ch, r, col] = var[n, ch][winner]
             in_mu[n, ch][winner] += d_mu[n, ch, r, col] * jcb[n, ch][winner]
@@ -127,13 +128,31 @@ MAX_CASES = [  # kwargs, (h, w)
 ]
 
 
+MAX_MEANS = {  # (low, high) of the integer means, and a shift
+    "mixed signs": (-2, 3, 0.0),
+    # Every window's maximum is negative: a max that starts at 0 (or padding that counts as 0)
+    # would output 0 here, with no winner to route the innovations to.
+    "all negative": (-4, 0, 0.0),
+    # Below cuTAGI's start value -1e9, where its loop finds no winner at all (docs/tagi.md,
+    # Departures from pytagi): the true maximum is still the rule.
+    "below -1e9": (-4, 0, -1e10),
+}
+
+
+@pytest.mark.parametrize("means", list(MAX_MEANS))
 @pytest.mark.parametrize("kwargs,hw", MAX_CASES)
-def test_maxpool_follows_cutagi(kwargs, hw):
+def test_maxpool_is_the_largest_mean_of_each_window(kwargs, hw, means):
+    """Outputs, variances and both input innovations equal the loop oracle to 1e-12, whatever
+    the sign of the means. Mutations tried, each failing this test: padding the mean plane with
+    0 instead of -inf in `MaxPool2d.forward` (a padded position wins every border window of
+    negative means), and an oracle whose running maximum starts at 0 with a strict `>` (the
+    rule the review attributed to cuTAGI; cuTAGI's own start value is -1e9)."""
     pool = MaxPool2d(**kwargs)
     g = gen(2)
     h, w = hw
+    low, high, shift = MAX_MEANS[means]
     # Rounded means make ties common: the first maximum in raster order must win.
-    mu = torch.randint(-2, 3, (2, 2, h, w), generator=g).to(F64)
+    mu = torch.randint(low, high, (2, 2, h, w), generator=g).to(F64) + shift
     var = torch.rand(2, 2, h, w, generator=g, dtype=F64)
     jcb = torch.rand(2, 2, h, w, generator=g, dtype=F64)
     out = pool.forward(HiddenStates(mu, var, jcb))

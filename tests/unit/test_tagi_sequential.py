@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from dptrain.tagi import (HRCSoftmax, Linear, MixtureReLU, MixtureTanh, ReLU, Remax, Sequential,
-                          Sigmoid, cap_factor, manual_seed)
+from dptrain.tagi import (HRCSoftmax, Linear, MixtureReLU, MixtureTanh, OutputUpdater, ReLU,
+                          Remax, Sequential, Sigmoid, cap_factor, manual_seed)
 from dptrain.tagi.base import VAR_FLOOR
 from tests.unit.tagi_helpers import F64, deltas, gen, hrc_step, regression_step
 
@@ -275,13 +277,97 @@ def test_state_dict_round_trip_and_save_load(tmp_path):
     assert raw["format"] == "dptrain.tagi.Sequential" and set(raw["state_dict"]) == set(snapshot)
 
 
-def test_input_state_update_gives_input_innovations():
+# The HRC rows of classes 0 … 9 (docs/tagi.md, Hierarchical softmax): decision c of class r
+# sits at output HRC_ROWS[r][c] (1-based) and is observed as +1 for bit 0 of r's code, else −1.
+HRC_ROWS = [[1, 2, 4, 7], [1, 2, 4, 7], [1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 5, 9], [1, 2, 5, 9],
+            [1, 2, 5, 10], [1, 2, 5, 10], [1, 3, 6, 11], [1, 3, 6, 11]]
+
+
+def _mlp_input_innovations(net: Sequential, x: torch.Tensor, labels: torch.Tensor,
+                           sigma_v: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(δm_x, δv_x) of `_mlp` (Linear, MixtureReLU, Linear, ReLU, Linear) for a deterministic
+    input and HRC observations, written from the equations of docs/tagi.md in float64 without
+    calling the engine: forward moments, J of each activation, output update, backward."""
+    p = {k: v.double() for k, v in net.state_dict().items()}
+    w1, w2, w3 = p["0.mu_w"], p["2.mu_w"], p["4.mu_w"]
+    # Linear on a deterministic input, then MixtureReLU: rectified-Gaussian moments, J = Φ(α).
+    m1 = x @ w1.T + p["0.mu_b"]
+    v1 = (x * x) @ p["0.var_w"].T + p["0.var_b"]
+    s1 = v1.sqrt()
+    alpha = m1 / s1
+    cdf, pdf = torch.special.ndtr(alpha), torch.exp(-0.5 * alpha**2) / math.sqrt(2 * math.pi)
+    mean = m1 * cdf + s1 * pdf
+    ma1 = mean.clamp_min(1e-6)
+    va1 = ((m1**2 + v1) * cdf + m1 * s1 * pdf - mean**2).clamp_min(1e-6)
+    j1 = cdf
+    # Linear on an uncertain input, then ReLU linearised at the mean.
+    m2 = ma1 @ w2.T + p["2.mu_b"]
+    v2 = va1 @ (w2**2 + p["2.var_w"]).T + ma1**2 @ p["2.var_w"].T + p["2.var_b"]
+    j2 = (m2 > 0).double()
+    ma2, va2 = m2.clamp_min(0), j2 * v2
+    m3 = ma2 @ w3.T + p["4.mu_b"]
+    v3 = va2 @ (w3**2 + p["4.var_w"]).T + ma2**2 @ p["4.var_w"].T + p["4.var_b"]
+    # Index update: δm = (y − m)/(v + σ²), δv = −1/(v + σ²) at the selected outputs only.
+    d3, dv3 = torch.zeros_like(m3), torch.zeros_like(m3)
+    for b, label in enumerate(labels.tolist()):
+        for c, node in enumerate(HRC_ROWS[label]):
+            y = 1.0 if (label >> (3 - c)) & 1 == 0 else -1.0
+            d3[b, node - 1] += (y - m3[b, node - 1]) / (v3[b, node - 1] + sigma_v**2)
+            dv3[b, node - 1] -= 1.0 / (v3[b, node - 1] + sigma_v**2)
+    # Backward: δm_prev = J ⊙ (δm @ m_W), δv_prev = J² ⊙ (δv @ m_W²); x has J = 1.
+    d2, dv2 = j2 * (d3 @ w3), j2**2 * (dv3 @ w3**2)
+    d1, dv1 = j1 * (d2 @ w2), j1**2 * (dv2 @ w2**2)
+    return d1 @ w1, dv1 @ w1**2
+
+
+def test_input_state_update_gives_the_input_innovations_of_the_equations():
+    """`input_state_update = True` puts the innovations of the network input into
+    `input_delta_x`: on a three-layer network with HRC observations they equal a transcription
+    of docs/tagi.md's equations to 1e-12. Mutations tried, each failing this test: δv_x built
+    with m_W² + v_W instead of m_W² (`_weight_moments()[1]` in `Linear.backward`, the path a
+    deterministic input takes), J instead of J² on δv (the non-ReLU case in
+    `Linear.backward`), and `input_delta_x` set to the innovations of the first layer's output
+    (the backward loop stopping one layer early)."""
     net = _mlp(F64)
     net.input_state_update = True
     x, labels = _batch(4, dtype=F64)
-    hrc_step(net, x, labels, hrc=HRCSoftmax(10), do_step=False)
-    assert net.input_delta_x is not None and net.input_delta_x.delta_mu.shape == (4, 6)
-    assert bool((net.input_delta_x.delta_var <= 0).all())
+    hrc_step(net, x, labels, sigma_v=0.3, hrc=HRCSoftmax(10), do_step=False)
+    want_mu, want_var = _mlp_input_innovations(net, x, labels, 0.3)
+    got = net.input_delta_x
+    assert got is not None
+    torch.testing.assert_close(got.delta_mu, want_mu, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(got.delta_var, want_var, rtol=1e-12, atol=1e-14)
+    net.input_state_update = False  # off (pytagi's default): no input innovations
+    hrc_step(net, x, labels, sigma_v=0.3, do_step=False)
+    assert net.input_delta_x is None
+
+
+def test_input_innovations_of_one_linear_output_are_the_exact_posterior_of_the_input():
+    """One Linear output y = w·x + b + noise with known weights (v_W = v_B = 0) and a Gaussian
+    input x ~ N(m_x, diag v_x) is a linear-Gaussian model, so the input's posterior is exact:
+    m_x + v_x w (y − m_y)/S and v_x − v_x² w²/S with S = Σ w² v_x + σ². The innovations must
+    give it through m_x + v_x δm_x, v_x + v_x² δv_x. Mutation tried: m_W for m_W² in δv
+    (fails)."""
+    net = Sequential(Linear(5, 1), dtype=F64)
+    g = gen(3)
+    w = torch.randn(1, 5, generator=g, dtype=F64)
+    layer = net.layers[0]
+    # In place: load_state_dict refuses variances of 0, which is what makes this model exact.
+    layer.mu_w.copy_(w), layer.mu_b.fill_(0.3), layer.var_w.zero_(), layer.var_b.zero_()
+    net.input_state_update = True
+    m_x = torch.randn(3, 5, generator=g, dtype=F64)
+    v_x = 0.2 + torch.rand(3, 5, generator=g, dtype=F64)
+    y = torch.randn(3, 1, generator=g, dtype=F64)
+    net(m_x, v_x)
+    OutputUpdater(net.device).update(net.output_z_buffer, y, 0.5**2, net.input_delta_z_buffer)
+    net.backward()
+    s = v_x @ (w * w).T + 0.5**2  # (3, 1)
+    residual = y - (m_x @ w.T + 0.3)
+    delta = net.input_delta_x
+    torch.testing.assert_close(m_x + v_x * delta.delta_mu, m_x + v_x * w * residual / s,
+                               rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(v_x + v_x**2 * delta.delta_var, v_x - v_x**2 * w * w / s,
+                               rtol=1e-12, atol=1e-14)
 
 
 def test_package_docstring_example_runs():
@@ -296,10 +382,59 @@ def test_package_docstring_example_runs():
     assert namespace["pred"].shape == (32,) and namespace["mu"].shape == (32, 11)
 
 
-@pytest.mark.parametrize("activation", ["ReLU", "MixtureReLU", "Sigmoid", "MixtureSigmoid",
-                                        "Tanh", "MixtureTanh", "LeakyReLU", "Softplus"])
+def _activation_closed_form(name: str, m: torch.Tensor, v: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m_A, v_A, J) of each activation from docs/tagi.md, Activations, written without the
+    engine: linearised ones from f and f', mixtures from the moments of max(Z, 0) and of the
+    clipped Gaussian clip(Z, −1, 1) (plain float64 forms; the engine uses cancellation-free
+    ones)."""
+    linearised = {
+        "ReLU": (m.clamp_min(0), (m > 0).double()),
+        "LeakyReLU": (torch.where(m > 0, m, 0.1 * m),
+                      torch.where(m > 0, torch.ones_like(m), torch.full_like(m, 0.1))),
+        "Sigmoid": (torch.sigmoid(m), torch.sigmoid(m) * (1 - torch.sigmoid(m))),
+        "Tanh": (torch.tanh(m), 1 - torch.tanh(m) ** 2),
+        "Softplus": (torch.log1p(torch.exp(m)), torch.sigmoid(m)),
+    }
+    if name in linearised:
+        mean, jcb = linearised[name]
+        return mean, jcb**2 * v, jcb
+    s = v.sqrt()
+    pdf = lambda u: torch.exp(-0.5 * u * u) / math.sqrt(2 * math.pi)  # noqa: E731
+    cdf = torch.special.ndtr
+    if name == "MixtureReLU":
+        alpha = m / s
+        mean = m * cdf(alpha) + s * pdf(alpha)
+        second = (m * m + v) * cdf(alpha) + m * s * pdf(alpha)
+        return mean.clamp_min(1e-6), (second - mean**2).clamp_min(1e-6), cdf(alpha)
+    lo, hi = (-1 - m) / s, (1 - m) / s  # the clip points in standard units
+    inside = cdf(hi) - cdf(lo)
+    mean = -cdf(lo) + cdf(-hi) + m * inside + s * (pdf(lo) - pdf(hi))
+    second = (cdf(lo) + cdf(-hi) + (m * m + v) * inside + 2 * m * s * (pdf(lo) - pdf(hi))
+              + v * (lo * pdf(lo) - hi * pdf(hi)))
+    var = second - mean**2
+    if name == "MixtureTanh":
+        return mean, var.clamp_min(1e-6), inside
+    assert name == "MixtureSigmoid"
+    return mean / 2 + 0.5, (var / 4).clamp_min(1e-6), inside / 2
+
+
+# Test error on y = sin(2x) after 100 steps, measured (float64, fixed seeds, deterministic);
+# the test allows twice that. Dropping the hidden J in Linear.backward gives 3-16 % of the
+# initial error for every activation, which the old bound (25 %) let through.
+ERROR_AFTER_100_STEPS = {"ReLU": 0.0036, "MixtureReLU": 0.00043, "Sigmoid": 0.023,
+                         "MixtureSigmoid": 0.00016, "Tanh": 0.013, "MixtureTanh": 0.0094,
+                         "LeakyReLU": 0.011, "Softplus": 0.144}
+
+
+@pytest.mark.parametrize("activation", list(ERROR_AFTER_100_STEPS))
 def test_every_activation_trains_a_regression(activation):
-    """Each activation in a network: 100 steps on y = sin(2x) reduce the test error."""
+    """Each activation inside a network (Linear, activation, Linear): the deltas of both
+    layers equal a transcription of docs/tagi.md (activation moments and J, output update,
+    backward) to 1e-9, and 100 steps on y = sin(2x) bring the test error to within twice its
+    measured value. Mutations tried, each failing the delta check: J for J² on δv in
+    `Linear.backward` (all but ReLU), Linear dropping the stored J (all; it also fails the
+    error bound of all but Softplus), Tanh's J = 1 − tanh, Sigmoid's J = σ."""
     import dptrain.tagi as tagi
 
     manual_seed(0)
@@ -310,9 +445,33 @@ def test_every_activation_trains_a_regression(activation):
     def error() -> float:
         return ((net.eval()(x_test)[0] - torch.sin(2 * x_test)) ** 2).mean().item()
 
-    before = error()
     net.train()
     for _ in range(100):
         x = torch.rand(16, 1, generator=g, dtype=F64) * 3 - 1.5
         regression_step(net, x, torch.sin(2 * x), 0.01)
-    assert error() < 0.25 * before
+    assert error() < 2 * ERROR_AFTER_100_STEPS[activation]
+    # One more batch, from the trained parameters, against the transcription.
+    net.train()
+    x = torch.rand(16, 1, generator=g, dtype=F64) * 3 - 1.5
+    y = torch.sin(2 * x)
+    regression_step(net, x, y, 0.01, do_step=False)
+    p = {k: v.clone() for k, v in net.state_dict().items()}
+    m1 = x @ p["0.mu_w"].T + p["0.mu_b"]
+    v1 = (x * x) @ p["0.var_w"].T + p["0.var_b"]
+    m_a, v_a, jcb = _activation_closed_form(activation, m1, v1)
+    w2, var_w2 = p["2.mu_w"], p["2.var_w"]
+    m2 = m_a @ w2.T + p["2.mu_b"]
+    v2 = v_a @ (w2**2 + var_w2).T + m_a**2 @ var_w2.T + p["2.var_b"]
+    d2, dv2 = (y - m2) / (v2 + 0.01), -1 / (v2 + 0.01)
+    d1, dv1 = jcb * (d2 @ w2), jcb**2 * (dv2 @ w2**2)
+    want = {}
+    for i, (inp, dm, dv) in ((0, (x, d1, dv1)), (2, (m_a, d2, dv2))):
+        vw, vb = p[f"{i}.var_w"], p[f"{i}.var_b"]
+        want[f"{i}.delta_mu_w"] = vw * (dm.T @ inp)
+        want[f"{i}.delta_var_w"] = vw**2 * (dv.T @ inp**2)
+        want[f"{i}.delta_mu_b"] = vb * dm.sum(0)
+        want[f"{i}.delta_var_b"] = vb**2 * dv.sum(0)
+    got = deltas(net)
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-9, atol=1e-13, msg=name)

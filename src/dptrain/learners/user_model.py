@@ -125,6 +125,7 @@ def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
             model = call(width)
     elif isinstance(model, torch.nn.Module):
         kind, width = "torch", torch_width
+        refuse_distributed_tensors(model, spec)
     else:
         raise ConfigError(f"--model {spec}: returned a {type(model).__name__}; expected a "
                           f"dptrain.tagi.Sequential or a torch.nn.Module")
@@ -138,6 +139,24 @@ def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
         raise ConfigError(f"--model {spec}: the model outputs {got} values per sample, the "
                           f"learner needs {width} ({need}, passed as num_outputs)")
     return UserModel(model, kind, width)
+
+
+def refuse_distributed_tensors(model: torch.nn.Module, spec: str) -> None:
+    """A model whose parameters are already DTensors is sharded for tensor (or other model)
+    parallelism, which dptrain does not do: it replicates a plain module on every rank and
+    only splits the data. Say so now, in one line, rather than fail inside the first step."""
+    if not torch.distributed.is_available():  # no DTensor without torch.distributed
+        return
+    from torch.distributed.tensor import DTensor
+
+    sharded = next((name for name, p in model.named_parameters() if isinstance(p, DTensor)),
+                   None)
+    if sharded is not None:
+        raise ConfigError(f"--model {spec}: parameter {sharded!r} is a DTensor; dptrain does "
+                          f"data parallelism only and wraps a plain torch.nn.Module in DDP or "
+                          f"FSDP itself (return the module before distributing it; for tensor, "
+                          f"pipeline or context parallelism use torch.distributed.tensor, "
+                          f"torch.distributed.pipelining or torchtitan)")
 
 
 def output_width(model: Any, kind: str, input_shape: tuple[int, ...], spec: str) -> int:

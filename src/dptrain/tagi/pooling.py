@@ -127,9 +127,11 @@ class AvgPool2d(_Pool2d):
 
 
 class MaxPool2d(_Pool2d):
-    """Per window, the input with the largest mean, as cuTAGI does it: the output takes that
-    input's mean and variance, and the innovations go back to it (summed where overlapping
-    windows pick the same input; J, J² of the input applied). Padded positions never win.
+    """Per window, the input with the largest mean (the true maximum, negative for a window of
+    negative means; cuTAGI's loop starts at -1e9, see docs/tagi.md, Departures from pytagi):
+    the output takes that input's mean and variance, and the innovations go back to it (summed
+    where overlapping windows pick the same input; J, J² of the input applied). Padded
+    positions never win.
 
     pytagi's defaults: `stride=1`. The padding must be smaller than the kernel, so that every
     window holds at least one pixel. Ties go to the first maximum in raster order, as in cuTAGI.
