@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Regenerate tests/data/pytagi_fixtures.npz with the pytagi 0.2.1 wheel: what pytagi computes on
-small TAGI networks, as numbers the engine's parity tests (tests/unit/test_tagi_parity.py,
+small TAGI networks, as numbers the engine's parity tests (tests/unit/test_tagi_parity*.py,
 through tests/unit/pytagi_parity.py) are checked against.
 
-For each case a small network is built in pytagi, then two training steps (forward, output
-update, backward, step) and one eval forward run on fixed inputs. Everything is written to one
+For each case (a `Spec`: network, batch size, observation noise) a small network is built in
+pytagi, then two training steps (forward, output update, backward, step) and one eval forward
+run on fixed inputs, all at the case's batch size (the wheel's CPU buffers do not survive a
+larger batch than the first). Everything is written to one
 .npz (float64 copies of pytagi's float32 values), keys `<case>/<what>`:
 
   <case>/x{k}, y{k}, var_y{k}             inputs and observations of training step k (0, 1)
@@ -29,45 +31,112 @@ buffers; the layouts are torch's (Linear (out, in), Conv2d (out, in, k, k), NCHW
 Parameters are copied into the engine from `init/…` (pytagi draws its own initial values), then
 the same steps must reproduce `step*/…` and `eval/…`. Cases where pytagi has a known bug (see
 docs/tagi.md) are recorded as pytagi computes them: the tests compare them deliberately.
+Each case prints how hard its steps pushed the cap (largest |Δm|/bar, |Δv|/bar, variances
+floored); tests/unit/test_tagi_parity_branches.py asserts the same for the cases meant to.
 
   bash bench/setup_pytagi.sh      # a venv with the pytagi 0.2.1 wheel
   LD_LIBRARY_PATH=$PWD/bench/.venv-pytagi/lib/python3.11/site-packages/nvidia/nccl/lib \
-      bench/.venv-pytagi/bin/python tests/data/make_pytagi_fixtures.py tests/data/pytagi_fixtures.npz
+      bench/.venv-pytagi/bin/python tests/data/make_pytagi_fixtures.py \
+      tests/data/pytagi_fixtures.npz
 """
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pytagi
 from pytagi.nn import (AvgPool2d, BatchNorm2d, Conv2d, EvenExp, LayerBlock, LayerNorm, Linear,
-                       MixtureReLU, OutputUpdater, ReLU, ResNetBlock, Sequential)
+                       MaxPool2d, MixtureReLU, MixtureTanh, OutputUpdater, ReLU, ResNetBlock,
+                       Sequential, Tanh)
 
-B = 4
+@dataclass(frozen=True)
+class Spec:
+    """One recorded case: its network, and how its data are drawn.
+
+    `batch` sets the step cap c(B) (0.1 for 1, 2 below 256, 3 from 256); `var_y` is the
+    observation noise and `y_scale` the spread of the targets: a small noise and far targets
+    give large innovations, which is what makes the cap bind and the variance floor fire.
+    `norm_stats` records BatchNorm statistics, `heteros` uses `update_heteros`.
+    """
+
+    name: str
+    in_shape: tuple[int, ...]
+    n_out: int
+    build: Callable[[], Sequential]
+    batch: int = 4
+    var_y: float = 0.3
+    y_scale: float = 1.0
+    norm_stats: bool = False
+    heteros: bool = False
 
 
 def cases():
-    yield "fnn", (5,), 3, lambda: Sequential(Linear(5, 6), ReLU(), Linear(6, 6), MixtureReLU(),
-                                             Linear(6, 3))
-    yield "cnn", (2, 6, 6), 4, lambda: Sequential(
-        Conv2d(2, 3, 3, padding=1, in_width=6, in_height=6), ReLU(), AvgPool2d(2, 2), Linear(27, 4))
-    yield "cnn_stride_pad2", (2, 6, 6), 3, lambda: Sequential(
-        Conv2d(2, 4, 3, stride=2, padding=1, padding_type=2, in_width=6, in_height=6), MixtureReLU(),
-        Linear(36, 3))
-    yield "cnn_bn", (2, 6, 6), 4, lambda: Sequential(
-        Conv2d(2, 3, 3, padding=1, in_width=6, in_height=6), BatchNorm2d(3), ReLU(), AvgPool2d(2, 2),
-        Linear(27, 4))
-    yield "fnn_bn", (5,), 3, lambda: Sequential(Linear(5, 6), BatchNorm2d(6), ReLU(), Linear(6, 3))
-    yield "fnn_ln", (5,), 3, lambda: Sequential(Linear(5, 6), LayerNorm([6]), ReLU(), Linear(6, 3))
+    yield Spec("fnn", (5,), 3, lambda: Sequential(Linear(5, 6), ReLU(), Linear(6, 6), MixtureReLU(),
+                                                  Linear(6, 3)))
+    yield Spec("cnn", (2, 6, 6), 4, lambda: Sequential(
+        Conv2d(2, 3, 3, padding=1, in_width=6, in_height=6), ReLU(), AvgPool2d(2, 2),
+        Linear(27, 4)))
+    yield Spec("cnn_stride_pad2", (2, 6, 6), 3, lambda: Sequential(
+        Conv2d(2, 4, 3, stride=2, padding=1, padding_type=2, in_width=6, in_height=6),
+        MixtureReLU(), Linear(36, 3)))
+    yield Spec("cnn_bn", (2, 6, 6), 4, lambda: Sequential(
+        Conv2d(2, 3, 3, padding=1, in_width=6, in_height=6), BatchNorm2d(3), ReLU(),
+        AvgPool2d(2, 2), Linear(27, 4)), norm_stats=True)
+    yield Spec("fnn_bn", (5,), 3, lambda: Sequential(Linear(5, 6), BatchNorm2d(6), ReLU(),
+                                                     Linear(6, 3)), norm_stats=True)
+    yield Spec("fnn_ln", (5,), 3, lambda: Sequential(Linear(5, 6), LayerNorm([6]), ReLU(),
+                                                     Linear(6, 3)))
     # heteroscedastic head: outputs (mean, noise variance) pairs, OutputUpdater.update_heteros
-    yield "fnn_heteros", (2,), 2, lambda: Sequential(Linear(2, 8), ReLU(), Linear(8, 2), EvenExp())
-    yield "resnet_identity", (2, 4, 4), 2, lambda: Sequential(
+    yield Spec("fnn_heteros", (2,), 2, lambda: Sequential(Linear(2, 8), ReLU(), Linear(8, 2),
+                                                          EvenExp()), heteros=True)
+    yield Spec("resnet_identity", (2, 4, 4), 2, lambda: Sequential(
         Conv2d(2, 3, 3, padding=1, in_width=4, in_height=4), ReLU(),
-        ResNetBlock(LayerBlock(Conv2d(3, 3, 3, padding=1), ReLU(), Conv2d(3, 3, 3, padding=1))), ReLU(),
-        Linear(48, 2))
-    yield "resnet_projection_bn", (2, 4, 4), 2, lambda: Sequential(
+        ResNetBlock(LayerBlock(Conv2d(3, 3, 3, padding=1), ReLU(), Conv2d(3, 3, 3, padding=1))),
+        ReLU(), Linear(48, 2)))
+    yield Spec("resnet_projection_bn", (2, 4, 4), 2, lambda: Sequential(
         Conv2d(2, 3, 3, padding=1, in_width=4, in_height=4), BatchNorm2d(3), ReLU(),
         ResNetBlock(LayerBlock(Conv2d(3, 4, 3, padding=1), BatchNorm2d(4), ReLU(),
                                Conv2d(4, 4, 3, padding=1), BatchNorm2d(4)),
                     LayerBlock(Conv2d(3, 4, 1), BatchNorm2d(4))), ReLU(),
-        Linear(64, 2))
+        Linear(64, 2)), norm_stats=True)
+    # The cases below reach what the ones above cannot (tests/unit/test_tagi_parity_branches.py
+    # checks that each still does): batches of 16 and 256 (cap factors 2 and 3) with the
+    # variance cap binding and the floor firing; smooth activations (J neither 1 nor a 0/1
+    # mask) entering Conv2d, pooling, BatchNorm, LayerNorm and a residual shortcut; MaxPool2d
+    # with overlapping windows; a first Conv2d on one deterministic channel; layers without
+    # bias; LayerNorm on images.
+    yield Spec("fnn_cap_b16", (4,), 2, lambda: Sequential(
+        Linear(4, 8, gain_weight=2.0, gain_bias=2.0), MixtureTanh(),
+        Linear(8, 8, bias=False, gain_weight=0.6), Tanh(), Linear(8, 2, gain_bias=1.2)),
+        batch=16, var_y=1e-3, y_scale=3.0)
+    yield Spec("fnn_cap_b256", (3,), 2, lambda: Sequential(
+        Linear(3, 6, gain_weight=2.0, gain_bias=2.0), MixtureReLU(), Linear(6, 2)),
+        batch=256, var_y=1e-3, y_scale=3.0)
+    yield Spec("cnn_mixture_bn", (2, 6, 6), 3, lambda: Sequential(
+        Conv2d(2, 4, 3, padding=1, in_width=6, in_height=6), MixtureReLU(),
+        Conv2d(4, 4, 3, padding=1, bias=False), MixtureTanh(), BatchNorm2d(4), MixtureReLU(),
+        AvgPool2d(2, 2), Linear(36, 3)), batch=16, norm_stats=True)
+    yield Spec("cnn_maxpool_1ch", (1, 7, 7), 3, lambda: Sequential(
+        Conv2d(1, 4, 3, bias=False, padding=1, in_width=7, in_height=7), Tanh(),
+        MaxPool2d(3, 2), Conv2d(4, 4, 2, padding=1), MixtureReLU(), MaxPool2d(2, 1),
+        Linear(36, 3, bias=False)), batch=16)
+    yield Spec("cnn_ln", (2, 5, 5), 2, lambda: Sequential(
+        Conv2d(2, 3, 3, padding=1, in_width=5, in_height=5), LayerNorm([3, 5, 5]), MixtureReLU(),
+        Conv2d(3, 3, 3, padding=1, bias=False), MixtureTanh(), LayerNorm([3, 5, 5], bias=False),
+        Linear(75, 2)), batch=16)
+    yield Spec("resnet_mixture_bn", (2, 4, 4), 2, lambda: Sequential(
+        Conv2d(2, 3, 3, padding=1, bias=False, in_width=4, in_height=4), BatchNorm2d(3),
+        MixtureReLU(),
+        ResNetBlock(LayerBlock(Conv2d(3, 3, 3, padding=1, bias=False), MixtureReLU(),
+                               BatchNorm2d(3), Conv2d(3, 3, 3, padding=1, bias=False),
+                               MixtureReLU(), BatchNorm2d(3))),
+        MixtureTanh(),
+        ResNetBlock(LayerBlock(Conv2d(3, 4, 3, stride=2, padding=1, padding_type=2, bias=False),
+                               MixtureReLU(), BatchNorm2d(4),
+                               Conv2d(4, 4, 3, padding=1, bias=False), MixtureReLU(),
+                               BatchNorm2d(4)),
+                    LayerBlock(Conv2d(3, 4, 2, stride=2, bias=False), BatchNorm2d(4))),
+        AvgPool2d(2), Linear(4, 2)), batch=16, norm_stats=True)
 
 
 def param_layers(layers, prefix=""):
@@ -77,7 +146,8 @@ def param_layers(layers, prefix=""):
         if hasattr(layer, "main_block"):  # a ResNetBlock (pytagi hands out the C++ objects)
             yield from param_layers(layer.main_block.layers, f"{path}.main.")
             if layer.shortcut is not None:
-                inner = layer.shortcut.layers if hasattr(layer.shortcut, "layers") else [layer.shortcut]
+                short = layer.shortcut
+                inner = short.layers if hasattr(short, "layers") else [short]
                 yield from param_layers(inner, f"{path}.short.")
         elif hasattr(layer, "layers"):  # a LayerBlock
             yield from param_layers(layer.layers, f"{path}.")
@@ -92,27 +162,30 @@ def grab(out, key, layer, names):
             out[f"{key}.{n}"] = np.array(v, dtype=np.float64)
 
 
-def record(name, in_shape, n_out, build, out):
+def record(spec, out):
+    name, b = spec.name, spec.batch
     pytagi.manual_seed(7)
-    net = build()
+    net = spec.build()
     net.set_threads(1)
     upd = OutputUpdater(net.device)
     rng = np.random.default_rng(7)
     for k in range(2):
-        x = rng.normal(size=(B,) + in_shape).astype(np.float32)
-        y = rng.normal(size=(B, n_out)).astype(np.float32)
-        vy = np.full_like(y, 0.3)
+        x = rng.normal(size=(b,) + spec.in_shape).astype(np.float32)
+        y = (spec.y_scale * rng.normal(size=(b, spec.n_out))).astype(np.float32)
+        vy = np.full_like(y, spec.var_y)
         out[f"{name}/x{k}"], out[f"{name}/y{k}"], out[f"{name}/var_y{k}"] = x, y, vy
         m, v = net(x.ravel())
         if k == 0:
             for path, layer in param_layers(net.layers):
                 grab(out, f"{name}/init/{path}", layer, ("mu_w", "var_w", "mu_b", "var_b"))
         out[f"{name}/step{k}/out_mu"], out[f"{name}/step{k}/out_var"] = np.array(m), np.array(v)
-        if "bn" in name:
+        if spec.norm_stats:
             for key, val in net.get_norm_mean_var().items():
-                for j, what in enumerate(("running_mean", "running_var", "batch_mean", "batch_var")):
-                    out[f"{name}/step{k}/norm/{key}.{what}"] = np.array(val[j], dtype=np.float64).ravel()
-        if "heteros" in name:  # observations are the even outputs only; var_y is unused
+                for j, what in enumerate(("running_mean", "running_var", "batch_mean",
+                                          "batch_var")):
+                    out[f"{name}/step{k}/norm/{key}.{what}"] = np.array(
+                        val[j], dtype=np.float64).ravel()
+        if spec.heteros:  # observations are the even outputs only; var_y is unused
             y = y[:, :1].copy()
             out[f"{name}/y{k}"] = y
             upd.update_heteros(output_states=net.output_z_buffer, mu_obs=y.ravel(),
@@ -122,24 +195,50 @@ def record(name, in_shape, n_out, build, out):
                        delta_states=net.input_delta_z_buffer)
         net.backward()
         for path, layer in param_layers(net.layers):
-            grab(out, f"{name}/step{k}/{path}", layer, ("delta_mu_w", "delta_var_w", "delta_mu_b", "delta_var_b"))
+            grab(out, f"{name}/step{k}/{path}", layer,
+                 ("delta_mu_w", "delta_var_w", "delta_mu_b", "delta_var_b"))
         net.step()
         for path, layer in param_layers(net.layers):
             grab(out, f"{name}/step{k}/after/{path}", layer, ("mu_w", "var_w", "mu_b", "var_b"))
     net.eval()
-    x = rng.normal(size=(B,) + in_shape).astype(np.float32)
+    x = rng.normal(size=(b,) + spec.in_shape).astype(np.float32)
     m, v = net(x.ravel())
-    out[f"{name}/x_eval"], out[f"{name}/eval/out_mu"], out[f"{name}/eval/out_var"] = x, np.array(m), np.array(v)
+    out[f"{name}/x_eval"] = x
+    out[f"{name}/eval/out_mu"], out[f"{name}/eval/out_var"] = np.array(m), np.array(v)
+
+
+def cap_report(out, spec):
+    """How hard the two steps of a case pushed the cap: the largest |Δm|/bar and |Δv|/bar, and
+    how many variances the floor reset (v_old − min(|Δv|, bar) ≤ 0). The same rule as
+    tests/unit/pytagi_parity.py's `cap_report`, printed here so a new case can be tuned."""
+    c = 0.1 if spec.batch == 1 else (2.0 if spec.batch < 256 else 3.0)
+    worst_m = worst_v = 0.0
+    floors = 0
+    for k in (0, 1):
+        before = f"{spec.name}/init/" if k == 0 else f"{spec.name}/step0/after/"
+        for key in [key for key in out if key.startswith(before) and ".var_" in key]:
+            path, var_name = key[len(before):].rsplit(".", 1)
+            group = var_name[len("var_"):]
+            bar = np.sqrt(out[key]) / c
+            d_m = out[f"{spec.name}/step{k}/{path}.delta_mu_{group}"]
+            d_v = out[f"{spec.name}/step{k}/{path}.delta_var_{group}"]
+            worst_m = max(worst_m, float(np.max(np.abs(d_m) / bar)))
+            worst_v = max(worst_v, float(np.max(np.abs(d_v) / bar)))
+            floors += int(np.sum(out[key] - np.minimum(np.abs(d_v), bar) <= 0))
+    return worst_m, worst_v, floors
 
 
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "pytagi_fixtures.npz"
     out = {}
-    for name, in_shape, n_out, build in cases():
-        record(name, in_shape, n_out, build, out)
-        print(f"{name}: {sum(1 for k in out if k.startswith(name + '/'))} arrays")
+    for spec in cases():
+        record(spec, out)
+        m, v, floors = cap_report(out, spec)
+        print(f"{spec.name}: {sum(1 for k in out if k.startswith(spec.name + '/'))} arrays; "
+              f"max |dm|/bar {m:.3g}, max |dv|/bar {v:.3g}, floors {floors}")
     np.savez_compressed(path, **{k: np.asarray(v, dtype=np.float64) for k, v in out.items()})
-    print(f"wrote {path} ({len(out)} arrays), pytagi {pytagi.__version__ if hasattr(pytagi, '__version__') else '0.2.1'}")
+    print(f"wrote {path} ({len(out)} arrays), pytagi "
+          f"{pytagi.__version__ if hasattr(pytagi, '__version__') else '0.2.1'}")
 
 
 if __name__ == "__main__":
