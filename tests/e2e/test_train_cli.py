@@ -27,17 +27,29 @@ def _epochs(out: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _readme_demo_output() -> tuple[str, str]:
+    """The last epoch line of the README's `make demo` output, and its "done:" line up to the
+    speed and time (those are the recording machine's, bench/results/demo.json)."""
+    block = (REPO / "README.md").read_text().split("It ends like this", 1)[1].split("```")[1]
+    lines = block.strip().splitlines()
+    epoch = next(line for line in lines if line.startswith("epoch 10/10"))
+    done = next(line for line in lines if line.startswith("done:"))
+    return epoch, done.split(" epoch(s), ")[0] + " epoch(s), "
+
+
 def test_default_main_job_trains_digits_on_two_processes(tmp_path):
-    """The README's main job with its defaults. Threshold: seed 0 measured 1.94 % here (TAGI
-    reference on the same protocol: 2.59 % mean over seeds, range 1.94-3.33 %), so 3.5 % leaves
-    room for another BLAS or thread count but not for a broken update."""
+    """The README's main job with its defaults prints the README's numbers: 2 ranks with one
+    thread each are deterministic here (a two-rank sum does not depend on the order), so the
+    last epoch's metrics are compared as printed, to their last digit (another CPU's float32
+    kernels may move them; then re-record with bench/demo.py and update the README)."""
     out = tmp_path / "run"
     result = run(dptrain_cmd("train", "--out", str(out), "--checkpoint-every", "40"),
                  timeout_s=240)
     assert result.returncode == 0, result.output
     assert "done: test_error" in result.stdout and f"run directory: {out}" in result.stdout
+    epoch_line, done_line = _readme_demo_output()
+    assert epoch_line in result.stdout and done_line in result.stdout, result.stdout[-600:]
     summary = _summary(out)
-    assert summary["test_error"] < 0.035, summary["test_error"]
     assert summary["world_size"] == 2 and summary["final_epoch"] == 10
     assert len(summary["params_sha256"]) == 64
     assert [int(r["epoch"]) for r in _epochs(out)] == list(range(1, 11))

@@ -207,11 +207,12 @@ def _worst_relative(pairs) -> tuple[float, str]:
 
 def test_parity_with_pytagi_is_exact_up_to_the_wheels_evenexp_jacobian():
     """The 0.2.1 wheel uses J = v_Z m_T in EvenExp; with that one change we reproduce its two
-    recorded steps (forward, every delta, parameters) to 1e-5 relative."""
+    recorded steps (forward, every delta, parameters) to 5e-7 relative to each array's scale,
+    the figure the README quotes (measured 4.3e-7, the wheel's float32 rounding)."""
     with np.load(FIXTURES) as fx:
         fx = dict(fx)
     worst, where = _worst_relative(_run_fixture_steps(_fixture_net(fx, _WheelEvenExp()), fx))
-    assert worst < 1e-5, f"wheel Jacobian: {where} differs by {worst:.2e} (relative)"
+    assert worst < 5e-7, f"wheel Jacobian: {where} differs by {worst:.2e} (relative)"
 
 
 def test_shipped_jacobian_is_the_wheels_step_with_the_noise_innovations_divided_by_v_z():

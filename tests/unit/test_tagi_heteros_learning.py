@@ -60,14 +60,18 @@ def _log_likelihood(fit: dict[str, torch.Tensor]) -> float:
 
 
 def test_heteroscedastic_network_learns_the_noise_and_beats_every_fixed_sigma():
+    """The figures the README quotes, at the precision it quotes them (float64, so they do not
+    depend on the thread count): the predicted noise standard deviation is off by 7.5 % of the
+    true one on average, the log-likelihood per point is -0.35 and the best fixed σ_v's -0.86."""
     fit = _fit(sigma_v=None)
     x_raw = SPLIT.x_norm.invert(SPLIT.test.x).to(F64)
     true_std = hetero_noise_std(x_raw)
     rel_err = ((fit["noise_std"] - true_std).abs() / true_std).mean().item()
-    assert rel_err <= 0.25, f"predicted noise std is off by {rel_err:.0%} on average"
+    assert round(100 * rel_err, 1) == 7.5, f"predicted noise std is off by {rel_err:.2%}"
     coverage = ((fit["y"] - fit["mean"]).abs() <= 2 * fit["total_var"].sqrt()).double().mean()
     assert 0.90 <= coverage.item() <= 0.98, f"2σ coverage {coverage.item():.3f}"
     heteros_ll = _log_likelihood(fit)
-    for sigma_v in (0.1, 0.3, 1.0):
-        fixed_ll = _log_likelihood(_fit(sigma_v))
-        assert heteros_ll > fixed_ll, (sigma_v, heteros_ll, fixed_ll)
+    assert round(heteros_ll, 2) == -0.35, heteros_ll
+    fixed = [_log_likelihood(_fit(sigma_v)) for sigma_v in (0.1, 0.3, 1.0)]
+    assert heteros_ll > max(fixed), (heteros_ll, fixed)
+    assert round(max(fixed), 2) == -0.86, fixed

@@ -1,0 +1,194 @@
+"""Every measured figure in the README's Results (and the demo output) is the one its source
+holds, at the precision the README prints it: a benchmark result file under bench/results/, or
+a test's constant (the tests then assert those constants against fresh runs).
+
+Each check builds the README's text from the source and looks for it, so a rerun benchmark, a
+changed test constant or an edited README that no longer agree fail here, naming the figure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dptrain.tagi import Linear, ReLU, Sequential
+from tests.unit import test_tagi_learning as learning
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+README = (REPO / "README.md").read_text(encoding="utf-8")
+#: The README with every run of whitespace folded to one space, for figures in wrapped prose.
+PROSE = re.sub(r"\s+", " ", README)
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _rate(samples_per_s: float) -> str:
+    """How the README prints a throughput: thousands separators, two decimals below 100."""
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.2f}"
+
+
+def _in_readme(text: str) -> None:
+    assert re.sub(r"\s+", " ", text) in PROSE, f"the README does not say {text!r}"
+
+
+def _row(prefix: str, *cells: str) -> None:
+    """A table row starting with `prefix` holds each of `cells` as a whole cell."""
+    rows = [line for line in README.splitlines() if line.startswith(prefix)]
+    assert len(rows) == 1, f"{len(rows)} README rows start with {prefix!r}"
+    have = [cell.strip() for cell in rows[0].split("|")]
+    for cell in cells:
+        assert cell in have, f"row {prefix!r}: no cell {cell!r} in {rows[0]!r}"
+
+
+PHASES = {"train": "train step", "eval": "eval forward"}
+
+
+def test_fnn_table_is_tagi_vs_pytagi_json():
+    record = _load("tagi_vs_pytagi.json")
+    for r in record["results"]:
+        _row(f"| {PHASES[r['phase']]} | {r['batch_size']} | {_rate(r['ours_samples_per_s'])} | "
+             f"{_rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x |",
+             f"{r['matmul_fraction']:.0%}".replace("%", " %"))
+    train32 = next(r for r in record["results"] if (r["phase"], r["batch_size"]) == ("train", 32))
+    _in_readme(f"a step ({1000 * 32 / train32['ours_samples_per_s']:.2f} ms: 32 samples at "
+               f"{_rate(train32['ours_samples_per_s'])} samples/s)")
+    _in_readme(f"10x pytagi would need {1000 * 32 / (10 * train32['pytagi_samples_per_s']):.2f} "
+               "ms")
+
+
+def test_cnn_tables_are_their_json():
+    for r in _load("tagi_vs_pytagi_cnn.json")["results"]:
+        _row(f"| {PHASES[r['phase']]} | {r['batch_size']} | {_rate(r['ours_samples_per_s'])} | "
+             f"{_rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x |",
+             f"{r['torch_time_ratio']:.2f}x")
+    before = _load("tagi_vs_pytagi_cnn.before_conv_speedups.json")["results"]
+    train = [r for r in before if r["phase"] == "train"]
+    _in_readme(f"the train ratios were {train[0]['ratio']:.1f}x and {train[1]['ratio']:.1f}x")
+    _in_readme(f"from {min(r['torch_time_ratio'] for r in train):.1f}-"
+               f"{max(r['torch_time_ratio'] for r in train):.1f}x a torch SGD step")
+
+
+def test_resnet18_table_is_its_json():
+    record = _load("tagi_vs_pytagi_resnet18.json")
+    (r,) = record["results"]
+    _row(f"| train step | 32 | {_rate(r['ours_samples_per_s'])} | "
+         f"{_rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x |")
+    _in_readme(f"{32 / r['ours_samples_per_s']:.1f} s against {32 / r['pytagi_samples_per_s']:.0f}"
+               " s per step")
+    load = record["load_average_1_5_15"]
+    _in_readme(f"load average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after")
+
+
+def test_price_table_is_tagi_conv_vs_torch_json():
+    names = {"cnn": "| MNIST CNN (`tagi-cnn`) |", "resnet18": "| ResNet18 (`tagi-resnet18`), "
+             "32x32x3 |"}
+    for r in _load("tagi_conv_vs_torch.json")["results"]:
+        _row(f"{names[r['network']]} {r['batch']} | {r['tagi_step_over_torch_step']:.2f}x |",
+             f"{r['tagi_peak_rss_mb']:,.0f}", f"{r['torch_peak_rss_mb']:,.0f}")
+        assert re.search(rf"\| {r['pytagi_peak_rss_mb']:,.0f}( \(after 1 step\))? \|$",
+                         next(line for line in README.splitlines()
+                              if line.startswith(f"{names[r['network']]} {r['batch']} |")))
+    old = [_load(f"tagi_resnet_vs_torch{s}.json")["tagi_step_over_torch_step"]
+           for s in ("", ".omp_passive")]
+    _in_readme(f"ResNet18 from {min(old):.1f}-{max(old):.1f}x")
+
+
+def test_heteroscedastic_table_is_its_json():
+    record = _load("tagi_heteros_vs_pytagi.json")
+    for name, label in (("dptrain", "dptrain.tagi"), ("pytagi", "pytagi 0.2.1")):
+        s = record["summary"][name]
+        _row(f"| {label} | {s['rmse']:.4f} | {s['log_likelihood']:.4f} | "
+             f"{100 * s['coverage_2sigma']:.1f} % | {_rate(s['samples_per_s'])} |")
+    _in_readme(f"Speed **{record['speed_ratio']:.2f}x")
+
+
+def test_learning_table_quotes_the_tests_and_the_pytagi_run():
+    def errors(wrong: list[int]) -> str:
+        return " / ".join(f"{100 * w / 360:.2f}" for w in wrong).replace("100.00", "100")
+
+    def mean(wrong: list[int]) -> str:
+        return f"(mean {100 * sum(wrong) / 360 / len(wrong):.2f} %)"
+
+    _in_readme(f"| {errors(learning.FNN_WRONG)} % {mean(learning.FNN_WRONG)} |")
+    _in_readme(f"| {errors(learning.CNN_WRONG)} % {mean(learning.CNN_WRONG)} |")
+    coverage = " / ".join(f"{100 * n / 200:g}" for n in learning.TOY_INSIDE_3SIGMA)
+    _in_readme(f"seeds 0/1/2 | {coverage} % |")
+    reference = _load("pytagi_digits_reference.json")["networks"]
+    for network in ("fnn", "cnn"):
+        wrong = [r["wrong"] for r in reference[network]["per_seed"]["pytagi"]]
+        _in_readme(f"| {errors(wrong)} % {mean(wrong)} |")
+        ours = [r["wrong"] for r in reference[network]["per_seed"]["dptrain"]]
+        assert ours == (learning.FNN_WRONG if network == "fnn" else learning.CNN_WRONG)
+    fnn = reference["fnn"]["summary"]["pytagi"]
+    _in_readme(f"pytagi 0.2.1 reaches {fnn['mean_test_error_percent']:.2f} % mean test error over "
+               f"seeds 0-2 ({fnn['min_percent']:.2f}-{fnn['max_percent']:.2f} %)")
+
+
+def test_demo_output_is_the_recorded_run():
+    record = _load("demo.json")
+    lines = [re.sub(r"tagi-mlp-digits-\d{8}-\d{6}", "tagi-mlp-digits-<time>", line)
+             for line in record["last_lines"]]
+    assert "\n".join(lines) in README
+    _in_readme(f"its {record['command_wall_s']:.1f} s for the whole command")
+    _in_readme(f"on 2 processes (~{record['command_wall_s']:.0f} s)")
+
+
+def test_epoch_ddp_threads_and_trainer_figures_are_their_json():
+    epoch = _load("train_epoch_mnist.json")
+    _in_readme(f"{epoch['trainer_wall_s']:.1f} s in the trainer")
+    _in_readme(f"**{epoch['samples_per_s']:.0f} samples/s**, {epoch['command_wall_s']:.0f} s for "
+               "the whole command")
+    ddp = _load("tagi_ddp.json")["networks"]
+    labels = {"fnn": "| FNN 784-128-128-11, 256 |", "cnn": "| MNIST CNN, 128 |"}
+    ratios, overlap = {}, []
+    for network, label in labels.items():
+        r = ddp[network]["results"]
+        off, on = r["2 ranks x 1 thread, no overlap"], r["2 ranks x 1 thread, overlap"]
+        two = r["1 rank x 2 threads"]["samples_per_s"]
+        share = {"fnn": "{:.0f} %", "cnn": "{:.1f} %"}[network]
+        _row(f"{label} {_rate(off['samples_per_s'])} samples/s | {off['ratio_vs_1x1']:.2f}x | "
+             f"{off['samples_per_s'] / two:.2f}x | {share.format(100 * off['comm_share'])} / "
+             f"{share.format(100 * on['comm_share'])} |")
+        ratios[network] = (off["ratio_vs_1x1"], r["1 rank x 2 threads"]["ratio_vs_1x1"])
+        overlap.append(f"{on['samples_per_s'] / off['samples_per_s']:.2f}x")
+    assert set(overlap) == {"0.96x"}
+    _in_readme("measured 0.96x the throughput of one all-reduce on both networks")
+    _in_readme(f"(bit-identical; measured {overlap[0]} on 2 cores")
+    _in_readme(f"(1.13x, 1.72x); one process with two threads gets {ratios['fnn'][1]:.2f}x and "
+               f"{ratios['cnn'][1]:.2f}x")
+    assert (f"({ratios['fnn'][0]:.2f}x, {ratios['cnn'][0]:.2f}x)") == "(1.13x, 1.72x)"
+    fnn = Sequential(Linear(784, 128), ReLU(), Linear(128, 128), ReLU(), Linear(128, 11))
+    first, total = fnn.layer_delta_columns()[0], fnn.flat_params.shape[1]
+    _in_readme(f"first layer holds {100 * (first[1] - first[0]) / total:.0f} % of its deltas")
+
+    threads = [_load(f"threads_oversubscription{s}.json")["ratios"] for s in ("", "_cnn")]
+    spin = [r["oversubscribed default wait / default share"] for r in threads]
+    passive = [r["oversubscribed dptrain run (PASSIVE) / default share"] for r in threads]
+    fit = [1 - r["not oversubscribed: 1 rank PASSIVE / 1 rank default wait"] for r in threads]
+    _in_readme(f"run at {spin[0]:.2f}x (FNN) and {spin[1]:.2f}x (CNN)")
+    _in_readme(f"and at {passive[0]:.2f}x and {passive[1]:.2f}x with the `OMP_WAIT_POLICY")
+    _in_readme(f"ran at {min(spin):.2f}-{max(spin):.2f}x of 1 thread each, and at "
+               f"{min(passive):.2f}-{max(passive):.2f}x with PASSIVE")
+    costs = f"{100 * min(fit):.0f}-{100 * max(fit):.0f} %"
+    _in_readme(f"PASSIVE costs {costs}")
+    _in_readme(f"PASSIVE measured {costs} slower")
+
+    overhead = _load("torch_trainer_overhead.json")
+    per_repeat = overhead["train_epochs_time_ratios_per_repeat"]
+    _in_readme(f"**{overhead['train_epochs_time_ratio']:.3f}** (target ≤ "
+               f"{overhead['target_ratio']:g} met; range {min(per_repeat):.3f}-"
+               f"{max(per_repeat):.3f})")
+    _in_readme(f"is {overhead['whole_run_time_ratio']:.2f}x")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RESULTS.glob("*.json")))
+def test_every_result_file_is_named_somewhere(name):
+    """A result file no page points at is a figure nobody can find."""
+    pages = README + (REPO / "bench" / "README.md").read_text(encoding="utf-8")
+    assert name in pages or name.removesuffix(".json") in pages, name
