@@ -101,9 +101,11 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
                              seed=options.seed, dataset=options.dataset)
     config = train_config(options, split)
+    # The device type, not rank 0's device: with NCCL every rank has its own GPU.
     rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "
-                    f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}), "
-                    f"global batch {options.batch_size}, run directory {options.out}")
+                    f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}) "
+                    f"on {runtime.device.type}, global batch {options.batch_size}, run "
+                    f"directory {options.out}")
     summary = Trainer(learner, split, config, runtime).fit()
     rank_zero_print(f"done: {headline(summary, split.task)} after {summary['final_epoch']} "
                     f"epoch(s), {summary['samples_per_s']:.0f} samples/s, "
