@@ -89,7 +89,8 @@ def _assert_checkpoint_is_the_clean_one(mine: Path, clean: Path) -> None:
 
 def kill_seed() -> int:
     """DPTRAIN_KILL_SEED, or a random seed: a second, random matrix next to a fixed one would
-    nearly double the test's cost (the killed job is about 28 of its 33 s on 2 cores)."""
+    nearly double the test's cost (measured on 2 cores: 26-31 s when idle, of which the clean
+    run is 5 s and the killed job the rest)."""
     given = os.environ.get("DPTRAIN_KILL_SEED")
     return int(given) if given else random.SystemRandom().randrange(1_000_000)
 
