@@ -14,7 +14,7 @@ from dptrain.data.datasets import ArrayDataset, Split, load_dataset
 from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.datasets.images import ImageDataset
 from dptrain.errors import ConfigError
-from dptrain.options import bad_value, cli, resumable
+from dptrain.options import bad_value, cli, flag, resumable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +61,11 @@ class DataConfig:
 
 def load_split(config: DataConfig, *, seed: int) -> Split:
     """The dataset, its training images augmented as `config` asks (draws seeded by `seed`)."""
-    split = load_dataset(config.dataset, **config.loader_options())
+    options = config.loader_options()
+    if options and config.dataset.partition(":")[0] != "imagefolder":
+        raise ConfigError(f"{', '.join(flag(k) for k in options)}: for imagefolder datasets; "
+                          f"{config.dataset} is not one")
+    split = load_dataset(config.dataset, **options)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split
     if not isinstance(split.train, (ImageDataset, ImageFolderDataset)):
