@@ -152,6 +152,12 @@ def test_a_corrupt_image_met_mid_epoch_is_one_line_and_keeps_the_checkpoints(fol
     after = {p.name: (p / "state.pt").read_bytes() for p in (tmp_path / "run" / "checkpoints")
              .glob("step-*")}
     assert after == saved
+    skipping = run(dptrain_cmd("train", "--dataset", f"imagefolder:{root}", *SMALL, "--epochs",
+                               "1", "--bad-images", "skip", "--workers", "2", "--out",
+                               str(tmp_path / "skipping")), timeout_s=180)
+    assert skipping.returncode == 0, skipping.output
+    summary = _summary(tmp_path / "skipping")
+    assert summary["skipped_samples"] == 1 and str(bad) in summary["skipped_examples"][0]
 
 
 def test_your_own_dataset_file_trains_on_two_processes_with_workers_and_predicts(tmp_path):

@@ -92,3 +92,17 @@ def test_closing_stops_every_worker(folder):
     assert len(multiprocessing.active_children()) >= 2
     loader.close()
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipping_bad_images_leaves_them_out_and_names_them(folder, tmp_path, workers):
+    root = Path(shutil.copytree(folder, tmp_path / "copy"))
+    bad = sorted((root / "train" / "digit6").glob("*.png"))[1]
+    bad.write_bytes(bad.read_bytes()[:50])
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{root}", image_size=16,
+                                    bad_images="skip"), seed=1).train
+    sampler = ShardedSampler(dataset, rank=0, world_size=1, seed=5)
+    with BatchLoader(dataset, sampler, 8, workers=workers) as loader:
+        sizes = [len(y) for _, y in loader]
+    assert sum(sizes) == len(dataset) - 1 and sorted(sizes)[0] == 7
+    assert len(loader.skipped) == 1 and str(bad) in next(iter(loader.skipped))

@@ -40,6 +40,9 @@ class DataConfig:
     estimated from a sample of the training images)."""
     std: str = ""
     """imagefolder: per-channel standard deviation of 0-1 pixel values, comma-separated."""
+    bad_images: Literal["error", "skip"] = field(default="error", metadata=cli(choices=True))
+    """imagefolder: an image that cannot be decoded stops the run with one line naming it
+    (error), or is left out of its batch and counted in summary.json (skip)."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
@@ -50,12 +53,15 @@ class DataConfig:
             raise bad_value(self, "augment", "on, off or auto")
         if self.image_size < 0:
             raise bad_value(self, "image_size", "an integer >= 0 (0: 224)")
+        if self.bad_images not in ("error", "skip"):
+            raise bad_value(self, "bad_images", "error or skip")
         if self.workers < -1:
             raise bad_value(self, "workers", "an integer >= 0 (or -1: automatic)")
 
     def loader_options(self) -> dict[str, Any]:
         """The options of the dataset's reader that are set (the image-folder ones)."""
-        options = {"image_size": self.image_size, "mean": self.mean, "std": self.std}
+        options = {"image_size": self.image_size, "mean": self.mean, "std": self.std,
+                   "bad_images": "" if self.bad_images == "error" else self.bad_images}
         return {k: v for k, v in options.items() if v}
 
 

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from dptrain.data.datasets.base import ArrayDataset
+from dptrain.data.datasets.image_folder import Skipped
 from dptrain.data.sampler import ShardedSampler
 from dptrain.errors import ConfigError, DataError
 
@@ -35,18 +36,37 @@ BatchKey = tuple[int, torch.Tensor]
 """(epoch, this rank's sample indices of one batch)."""
 
 
-def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+class Batch(tuple):
+    """(inputs, targets), and the reasons of the samples left out of it (`skipped`: items a
+    dataset could not read and said so with a `Skipped`, e.g. under `--bad-images skip`)."""
+
+    skipped: tuple[str, ...] = ()
+
+    def pin_memory(self) -> Batch:
+        """Page-locked copies (DataLoader's pin_memory calls this), `skipped` kept."""
+        pinned = Batch(t.pin_memory() for t in self)
+        pinned.skipped = self.skipped
+        return pinned
+
+
+def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
     """The samples `indices` of `dataset` as drawn in `epoch`, stacked into one batch."""
     set_epoch = getattr(dataset, "set_epoch", None)
     if set_epoch is not None:
         set_epoch(epoch)
     if isinstance(dataset, ArrayDataset):
-        return dataset[indices]
+        return Batch(dataset[indices])
     if len(indices) == 0:  # a rank with no sample left still steps (collective evaluation)
         x, y = default_collate([dataset[0]])
-        return x[:0], y[:0]
-    return default_collate([dataset[int(i)] for i in indices])
+        return Batch((x[:0], y[:0]))
+    items = [dataset[int(i)] for i in indices]
+    kept = [item for item in items if not isinstance(item, Skipped)]
+    if not kept:
+        raise DataError(f"every sample of a batch was left out: {items[0].reason} (and "
+                        f"{len(items) - 1} more)")
+    batch = Batch(default_collate(kept))
+    batch.skipped = tuple(item.reason for item in items if isinstance(item, Skipped))
+    return batch
 
 
 class _Batches(Dataset):
@@ -100,6 +120,8 @@ class BatchLoader:
         self.dataset, self.sampler = dataset, sampler
         self.local_batch_size, self.workers = local_batch_size, workers
         self._keys = _Keys()
+        self.skipped: set[str] = set()
+        """Why each sample left out of a batch was (distinct reasons, each naming its file)."""
         self._loader: DataLoader | None = None
         if workers:
             # Forked workers share the dataset's memory (a file list, uint8 images) instead of
@@ -107,7 +129,7 @@ class BatchLoader:
             self._loader = DataLoader(
                 _Batches(dataset), sampler=self._keys, batch_size=None, num_workers=workers,
                 persistent_workers=True, pin_memory=pin_memory, prefetch_factor=prefetch,
-                worker_init_fn=_one_thread)
+                worker_init_fn=_one_thread, collate_fn=_as_made)
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank."""
@@ -119,13 +141,15 @@ class BatchLoader:
         self.sampler.set_position(start)
         epoch = self.sampler.epoch
         if self._loader is None:
-            made: Iterator[Any] = (fetch_batch(self.dataset, epoch, idx) for idx in index_batches)
+            made: Iterator[Any] = (fetch_batch(self.dataset, epoch, idx)
+                                   for idx in index_batches)
         else:
             self._keys.keys = [(epoch, idx) for idx in index_batches]
             made = iter(self._loader)
         for indices, batch in zip(index_batches, made):
             if isinstance(batch, _Failure):
                 raise DataError(batch.message)
+            self.skipped.update(batch.skipped)
             self.sampler.set_position(self.sampler.position + len(indices))
             yield batch
 
@@ -142,6 +166,11 @@ class BatchLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _as_made(batch: Any) -> Any:
+    # A worker's item is a whole Batch already; torch's default would turn it into a list.
+    return batch
 
 
 def _one_thread(worker_id: int) -> None:

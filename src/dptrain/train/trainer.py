@@ -341,12 +341,23 @@ class Trainer:
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
             "data_wait_s": self.data_wait_s,
+            **self._skipped_samples(),
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
             **self.learner.report(Path(self.config.out_dir) if self.rank == 0 else None,
                                   self.split),
         }
+
+    def _skipped_samples(self) -> dict[str, Any]:
+        """Samples the loaders left out (`--bad-images skip`), over every rank: collective."""
+        seen = dd.all_gather_object(sorted(self.loader.skipped | self.eval_loader.skipped))
+        reasons = sorted(set().union(*seen))
+        if not reasons:
+            return {}
+        if self.rank == 0:
+            log.warning("left out %d unreadable sample(s), e.g. %s", len(reasons), reasons[0])
+        return {"skipped_samples": len(reasons), "skipped_examples": reasons[:10]}
 
     def _finish(self, summary: dict[str, Any]) -> None:
         if self.rank != 0:

@@ -97,24 +97,35 @@ def decode(path: Path, channels: int) -> Image.Image:
         raise DataError(f"{path}: not a readable image ({err})") from None
 
 
-def is_grey(files: FileList) -> bool:
-    """True when every image's header says grey (no pixel is decoded)."""
+@dataclass(frozen=True)
+class Skipped:
+    """An item that could not be read, and why (a one-line message naming the file)."""
+
+    reason: str
+
+
+def is_grey(files: FileList, skip_bad: bool = False) -> bool:
+    """True when every (readable) image's header says grey (no pixel is decoded)."""
     for i in range(len(files)):
         try:
             with Image.open(files.path(i)) as image:
                 if image.mode not in GREY_MODES:
                     return False
         except (OSError, UnidentifiedImageError) as err:
-            raise DataError(f"{files.path(i)}: not a readable image ({err})") from None
+            if not skip_bad:
+                raise DataError(f"{files.path(i)}: not a readable image ({err})") from None
     return True
 
 
 class ImageFolderDataset(torch.utils.data.Dataset):
-    """`dataset[i]` -> (image (C, S, S) float32 normalised, class id): decoded on demand."""
+    """`dataset[i]` -> (image (C, S, S) float32 normalised, class id): decoded on demand. With
+    `skip_bad`, an image that cannot be decoded gives a `Skipped` item (naming the file)
+    instead of raising; the loader leaves it out of its batch and counts it."""
 
     def __init__(self, files: FileList, transform: ImageTransform, channels: int,
-                 norm: Normalisation) -> None:
+                 norm: Normalisation, *, skip_bad: bool = False) -> None:
         self.files, self.transform, self.channels, self.norm = files, transform, channels, norm
+        self.skip_bad = skip_bad
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -131,7 +142,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     def with_augmentation(self, *, seed: int) -> ImageFolderDataset:
         """The same images through the training transform (random resized crop and flip)."""
         return ImageFolderDataset(self.files, replace(self.transform, train=True, seed=seed),
-                                  self.channels, self.norm)
+                                  self.channels, self.norm, skip_bad=self.skip_bad)
 
     def pixels(self, i: int) -> torch.Tensor:
         """Image i after its transform, (C, S, S) float32 in raw pixel units (0-255)."""
@@ -139,8 +150,13 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         array = np.asarray(image, dtype=np.float32)
         return torch.from_numpy(array.reshape(*array.shape[:2], -1)).permute(2, 0, 1)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.norm.apply(self.pixels(int(i))).float()
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | Skipped:
+        try:
+            x = self.norm.apply(self.pixels(int(i))).float()
+        except DataError as err:
+            if not self.skip_bad:
+                raise
+            return Skipped(str(err))
         return x, torch.tensor(self.files.labels[int(i)])
 
     def __repr__(self) -> str:
@@ -155,8 +171,17 @@ def estimate_normalisation(dataset: ImageFolderDataset, seed: int = 0) -> Normal
     picked = np.random.default_rng(seed).choice(len(dataset), size=count, replace=False)
     total = sq = torch.zeros(dataset.channels, dtype=torch.float64)
     for i in sorted(picked.tolist()):
-        pixels = dataset.pixels(i).to(torch.float64).flatten(1)
+        try:
+            pixels = dataset.pixels(i).to(torch.float64).flatten(1)
+        except DataError:
+            if not dataset.skip_bad:
+                raise
+            count -= 1
+            continue
         total, sq = total + pixels.sum(1), sq + (pixels * pixels).sum(1)
+    if count == 0:
+        raise DataError(f"{dataset.files.root}: none of the images sampled for the "
+                        f"normalisation could be decoded")
     n = count * dataset.transform.size ** 2
     mean = total / n
     std = (sq / n - mean * mean).clamp_min(0).sqrt()
@@ -179,14 +204,18 @@ def _parse_channels(text: str, channels: int, name: str) -> torch.Tensor:
 
 
 def load_image_folder(directory: str | Path, *, image_size: int = 224, mean: str = "",
-                      std: str = "") -> Split:
+                      std: str = "", bad_images: str = "error") -> Split:
     """An image-folder split (see the module docstring), both parts with the evaluation
     transform; `Split.train.with_augmentation(seed)` gives the training one. `mean` and `std`
     (per channel, of 0-1 pixel values as torchvision's `Normalize` takes them, comma-separated)
-    replace the estimate from the training images."""
+    replace the estimate from the training images. `bad_images="skip"` leaves images that
+    cannot be decoded out of their batches (counted in the run's summary) instead of stopping
+    the run with an error naming the first."""
     root = Path(directory).expanduser()
     if not root.is_dir():
         raise DataError(f"image folder not found: {root}")
+    if bad_images not in ("error", "skip"):
+        raise ConfigError(f"bad-images: expected error or skip, got {bad_images!r}")
     if image_size < 1:
         raise ConfigError(f"image-size: expected an integer >= 1, got {image_size}")
     test_part = next((root / p for p in TEST_PARTS if (root / p).is_dir()), None)
@@ -199,8 +228,9 @@ def load_image_folder(directory: str | Path, *, image_size: int = 224, mean: str
         raise DataError(f"{root}: the classes of train/ and {test_part.name}/ differ "
                         f"({len(train.classes)} vs {len(test.classes)}; in one only: "
                         f"{', '.join(only[:5]) or 'the order'})")
-    channels = 1 if is_grey(train) and is_grey(test) else 3
-    evaluation = ImageTransform(image_size)
+    skip_bad = bad_images == "skip"
+    channels = 1 if is_grey(train, skip_bad) and is_grey(test, skip_bad) else 3
+    evaluation, skip = ImageTransform(image_size), bad_images == "skip"
     unit = Normalisation(torch.zeros(channels, 1, 1), torch.ones(channels, 1, 1))
     if bool(mean) != bool(std):
         raise ConfigError("mean and std: give both (per channel, of 0-1 pixel values), or "
@@ -209,9 +239,10 @@ def load_image_folder(directory: str | Path, *, image_size: int = 224, mean: str
         norm = Normalisation(_parse_channels(mean, channels, "mean"),
                              _parse_channels(std, channels, "std"))
     else:
-        norm = estimate_normalisation(ImageFolderDataset(train, evaluation, channels, unit))
+        norm = estimate_normalisation(ImageFolderDataset(train, evaluation, channels, unit,
+                                                         skip_bad=skip))
     return Split(name="imagefolder", task="classification", num_classes=len(train.classes),
                  x_norm=norm, augment_by_default=True,
-                 train=ImageFolderDataset(train, evaluation, channels, norm),
-                 test=ImageFolderDataset(test, evaluation, channels, norm),
+                 train=ImageFolderDataset(train, evaluation, channels, norm, skip_bad=skip),
+                 test=ImageFolderDataset(test, evaluation, channels, norm, skip_bad=skip),
                  fingerprint=f"{train.fingerprint()}:{test.fingerprint()}")
