@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -96,11 +97,18 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "ctrl-c twice", "killed rank"])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "ctrl-c twice", "killed rank",
+                                 "bad image"])
 def test_no_process_outlives_its_job(folder, tmp_path, how):
     """The launcher, both ranks and each rank's 2 loader workers: all gone within seconds."""
-    args = ["--dataset", f"imagefolder:{folder}", *SMALL, "--epochs", "50", "--workers", "2",
-            "--out", str(tmp_path / "run")]
+    data = folder
+    if how == "bad image":  # an expected error in one rank, met by its evaluation's worker
+        data = tmp_path / "digits"  # after the first epoch, so every worker is running by then
+        shutil.copytree(folder, data)
+        bad = sorted((data / "val" / "digit3").glob("*.png"))[2]
+        bad.write_bytes(bad.read_bytes()[:64])
+    args = ["--dataset", f"imagefolder:{data}", *SMALL, "--epochs", "50", "--workers", "2",
+            "--mean", "0.3", "--std", "0.4", "--out", str(tmp_path / "run")]
     if how == "killed rank":
         args += ["--fail-at", "1:60"]  # in the second epoch: the job has started by then
     proc = subprocess.Popen(dptrain_cmd("train", *args), env=base_env(),
@@ -109,7 +117,7 @@ def test_no_process_outlives_its_job(folder, tmp_path, how):
     try:
         deadline, started = time.monotonic() + 90, set()
         while time.monotonic() < deadline and proc.poll() is None and (
-                how == "killed rank" or len(_alive(started)) < 6):
+                how in ("killed rank", "bad image") or len(_alive(started)) < 6):
             started |= _descendants(proc.pid)  # 2 ranks and each rank's 2 loader workers
             time.sleep(0.1)
         assert len(started) >= 6, f"the job did not start its ranks and workers: {started}"
@@ -133,7 +141,7 @@ def test_no_process_outlives_its_job(folder, tmp_path, how):
 
 def test_a_corrupt_image_met_mid_epoch_is_one_line_and_keeps_the_checkpoints(folder, tmp_path):
     root = tmp_path / "digits"
-    os.system(f"cp -r {folder} {root}")
+    shutil.copytree(folder, root)
     first = run(dptrain_cmd("train", "--dataset", f"imagefolder:{root}", *SMALL, "--epochs",
                             "1", "--mean", "0.3", "--std", "0.4", "--workers", "2", "--out",
                             str(tmp_path / "run")), timeout_s=180)
