@@ -21,7 +21,6 @@ your model from the arguments only). Each problem is one line (a ConfigError) ra
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch

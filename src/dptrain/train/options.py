@@ -18,7 +18,7 @@ from dptrain.data.config import DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.options import bad_value, check_at_least, cli, defines_run, pick, resumable
+from dptrain.options import bad_value, check_at_least, defines_run, pick, resumable
 from dptrain.train.faults import FailAt
 from dptrain.user_code import file_sha256
 
