@@ -13,8 +13,8 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
