@@ -83,4 +83,9 @@ def run(cmd: list[str], *, timeout_s: float = 120, env: dict[str, str] | None = 
         stop(proc)
         out, err = proc.communicate()
         raise TimeoutError(f"{' '.join(cmd)} still running after {timeout_s}s\n{out}\n{err}")
+    except BaseException:  # pytest-timeout's or Ctrl-C's exception: never leave the job running
+        stop(proc)
+        proc.stdout.close()
+        proc.stderr.close()
+        raise
     return Completed(proc.returncode, out, err)

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from dptrain.data import load_dataset
+from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.config import DataConfig, load_split
+from dptrain.data.loader import fetch_batch
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.build import create_model
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -95,14 +96,33 @@ class TrainedRun:
                       ) -> Prediction:
         """Predictions for every sample of `split.test` (or `split.train`), with its targets in
         the data's units. The split's inputs are mapped back to raw values with the split's own
-        normalisation first, so a split loaded from other files of the same kind works too."""
+        normalisation first, so a split loaded from other files of the same kind works too. A
+        dataset read lazily (image folders, your own) is predicted as it gives its samples
+        (evaluation transform, its own normalisation)."""
         dataset = getattr(split, part)
-        raw = raw_inputs(dataset, split.x_norm)
-        mean, var = self.predict(raw, batch_size=batch_size)
-        targets = dataset.y
+        if isinstance(dataset, ArrayDataset):
+            raw = raw_inputs(dataset, split.x_norm)
+            mean, var = self.predict(raw, batch_size=batch_size)
+            targets = dataset.y
+        else:
+            mean, var, targets = self._predict_lazily(dataset, batch_size)
         if self.task == "regression" and split.y_norm is not None:
             targets = split.y_norm.invert(targets)
         return Prediction(mean, var, targets)
+
+    @torch.no_grad()
+    def _predict_lazily(self, dataset: Any, batch_size: int
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        means, variances, targets = [], [], []
+        for start in range(0, len(dataset), batch_size):
+            x, y = fetch_batch(dataset, 0, torch.arange(start, min(start + batch_size,
+                                                                    len(dataset))))
+            m, v = self._predict_normalised(x.float())
+            means.append(m)
+            variances.append(v)
+            targets.append(y)
+        var = None if variances[0] is None else torch.cat(variances)
+        return torch.cat(means), var, torch.cat(targets)
 
     def _predict_normalised(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.kind == "torch":
@@ -192,7 +212,8 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
         raise CheckpointError(f"{found.path}: a sharded (FSDP) checkpoint; load_run reads "
                               f"replicated ones")
     seed = record.get("seed", 0)
-    split = load_split(DataConfig(dataset=record["dataset"], augment="off"), seed=seed)
+    data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
+    split = load_split(data_config, seed=seed)
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":

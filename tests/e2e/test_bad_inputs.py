@@ -22,6 +22,7 @@ import pytest
 
 from dptrain.cli.main import main
 from tests._cli import base_env, dptrain_cmd, run
+from tests._images import write_digits_folder
 from tests.unit.test_data_readers import (
     make_mnist,
     write_cifar_binary,
@@ -96,6 +97,16 @@ def _cifar_pickle(tmp: Path) -> str:
     return f"cifar10:{tmp / 'cifar'}"
 
 
+def _folder(tmp: Path, damage: Callable[[Path], object]) -> str:
+    root = write_digits_folder(tmp / "images", per_class=3)
+    damage(root)
+    return f"imagefolder:{root}"
+
+
+def _first(root: Path, part: str, label: int) -> Path:
+    return sorted((root / part / f"digit{label}").glob("*.png"))[0]
+
+
 def _csv(tmp: Path, text: str) -> str:
     (tmp / "table.csv").write_text(text)
     return f"csv:{tmp / 'table.csv'}"
@@ -117,6 +128,12 @@ def _rows(n: int, *, nan_at: tuple[int, int] | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------ checkpoints
+
+
+def _empty_folder(tmp: Path) -> Path:
+    for part in ("train", "val"):
+        (tmp / "empty" / part).mkdir(parents=True)
+    return tmp / "empty"
 
 
 def _newest(out: Path) -> Path:
@@ -167,6 +184,20 @@ CASES = {
         t, x=np.zeros((10, 2, 2)), y=np.zeros(10))], 3, "table.npz: x must be (N, F)"),
     "npz-not-a-zip": Case(lambda t, o: ["--dataset", str(_write(t / "t.npz", b"hello"))], 3,
                           "t.npz: not an NPZ file (no zip signature at byte 0)"),
+    "image-corrupt": Case(lambda t, o: ["--dataset", _folder(t, lambda r: _truncate(
+        _first(r, "train", 5), 60))], 3, "{tmp}/images/train/digit5/0"),
+    "image-not-an-image": Case(lambda t, o: ["--dataset", _folder(t, lambda r: (
+        r / "train" / "digit1" / "readme.txt").write_text("x"))], 3,
+        "{tmp}/images/train/digit1/readme.txt: not an image file"),
+    "image-empty-class": Case(lambda t, o: ["--dataset", _folder(t, lambda r: [
+        p.unlink() for p in (r / "val" / "digit8").iterdir()])], 3,
+        "{tmp}/images/val/digit8: empty class folder"),
+    "image-classes-differ": Case(lambda t, o: ["--dataset", _folder(t, lambda r: shutil.rmtree(
+        r / "val" / "digit0"))], 3, "the classes of train/ and val/ differ"),
+    "image-unreadable": Case(lambda t, o: ["--dataset", _folder(t, lambda r: _first(
+        r, "train", 2).write_bytes(b"\x89PNG not really"))], 3, "not a readable image"),
+    "image-empty-folder": Case(lambda t, o: ["--dataset", f"imagefolder:{_empty_folder(t)}"],
+                               3, "train: no class folders"),
     # Options (ConfigError or argparse, 2).
     "unknown-dataset": Case(lambda t, o: ["--dataset", "imagenet"], 2,
                             "unknown dataset 'imagenet'; accepted:"),

@@ -80,16 +80,57 @@ def test_an_expected_error_in_the_workers_is_one_line_and_not_retried(tmp_path):
     assert "restarting" not in result.stderr
 
 
-def test_an_expected_error_from_a_run_script_is_one_line(tmp_path):
-    script = tmp_path / "bad.py"
-    script.write_text("import os\nfrom dptrain.errors import ConfigError\n"
+def test_an_expected_error_from_a_run_script_is_one_line_and_not_retried(tmp_path):
+    """Restarts allowed, yet one attempt: the agent torch's launcher builds is still ours (we
+    substitute it in torch.distributed.launcher.api, see dptrain.cli.run._our_agent)."""
+    script, attempts = tmp_path / "bad.py", tmp_path / "attempts"
+    script.write_text("import os, sys\nfrom dptrain.errors import ConfigError\n"
+                      "open(sys.argv[1], 'a').write(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
                       "if os.environ['RANK'] == '1':\n"
                       "    raise ConfigError('--widget must be positive, got -1')\n"
                       "import time; time.sleep(60)\n")
-    result = run(dptrain_cmd("run", "-n", "2", str(script)), timeout_s=120)
+    result = run(dptrain_cmd("run", "-n", "2", "--max-restarts", "2", str(script),
+                             str(attempts)), timeout_s=120)
     assert result.returncode == 2, result.output
     assert _error_lines(result.stderr) == \
         ["dptrain run: error: rank 1: --widget must be positive, got -1"], result.stderr
+    # Rank 0 may be stopped before it writes; rank 1 writes before it raises.
+    assert set(attempts.read_text()) == {"0"}, "an expected error was retried"
+
+
+# Issue 21's race, made certain: in the first attempt rank 1 is mid-write of its error file
+# (as when recording the RankFailure that rank 0's death causes) when rank 0 is SIGKILLed, so
+# the agent stops rank 1 and reads a truncated file. The second attempt just finishes.
+HALF_WRITTEN = """
+import os, signal, sys, time
+attempt, marker = os.environ["TORCHELASTIC_RESTART_COUNT"], sys.argv[1]
+if attempt == "0" and os.environ["RANK"] == "1":
+    with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as fp:
+        fp.write('{"message": {"message": "RankFailure: rank 0 le')
+        fp.flush()
+        open(marker, "w").close()
+        time.sleep(60)
+if attempt == "0":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+print(f"rank {os.environ['RANK']}: attempt {attempt} done", flush=True)
+"""
+
+
+def test_a_rank_stopped_while_writing_its_error_file_is_restarted_not_a_crash(tmp_path):
+    script = tmp_path / "half_written.py"
+    script.write_text(HALF_WRITTEN)
+    result = run(dptrain_cmd("run", "-n", "2", "--max-restarts", "1", str(script),
+                             str(tmp_path / "mid-write")), timeout_s=120)
+    assert result.returncode == 0, result.output
+    assert "dptrain run: rank 1 ended (exit code -15) while writing its error file " \
+        in result.stderr, result.stderr
+    assert "dptrain run: rank 0 failed (exit code -9); restarting every worker (1 restart(s) " \
+        "left)" in result.stderr, result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if "done" in line) == \
+        ["rank 0: attempt 1 done", "rank 1: attempt 1 done"], result.output
 
 
 SLEEPER = """

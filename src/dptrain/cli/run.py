@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -189,9 +190,49 @@ def expected_error(failure: object) -> str | None:
     return text[len(prefix):] if name and text.startswith(prefix) else None
 
 
+def unreadable_error_file(path: str, exitcode: int) -> str | None:
+    """Why torch's agent cannot read the error file a worker left at `path`, else None (also
+    when there is none, which torch handles). Read with torch's own reader, `ProcessFailure`,
+    so that "readable" means what the agent will find."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    if not os.path.isfile(path):
+        return None
+    try:
+        ProcessFailure(local_rank=0, pid=0, exitcode=exitcode, error_file=path)
+    except Exception as err:  # whatever torch's reader raises: that is the reason
+        size = os.path.getsize(path)
+        return "empty" if size == 0 else f"{size} bytes, {type(err).__name__}: {err}"
+    return None
+
+
+def replace_unreadable_error_file(path: str, exitcode: int) -> str | None:
+    """If the error file at `path` is unreadable (its worker ended while writing it: a rank
+    stopped by the agent in the middle of recording its own error), replace it, atomically, by
+    a record in torch's format that says so and keeps the start of what had been written.
+    Returns the reason, or None when the file reads (or is absent) and was left alone."""
+    reason = unreadable_error_file(path, exitcode)
+    if reason is None:
+        return None
+    with open(path, "rb") as fp:
+        partial = fp.read(2000).decode("utf-8", errors="replace")
+    text = (f"UnreadableErrorFile: the worker ended (exit code {exitcode}) while writing its "
+            f"error file {path} ({reason})")
+    record = {"message": {"message": text, "extraInfo": {
+        "py_callstack": f"{text}; it had written:\n{partial}" if partial else text,
+        # Its last write is when the worker failed: keeps the root-cause order (see root_cause).
+        "timestamp": str(int(os.path.getmtime(path)))}}}
+    tmp = f"{path}.dptrain-tmp"
+    with open(tmp, "w") as fp:
+        json.dump(record, fp)
+    os.replace(tmp, path)
+    return reason
+
+
 def _agent_class(command: str):
-    """torch's local agent, told two things about our workers: an expected error is not worth
-    a restart (it would fail the same way), and each restart is announced in one line."""
+    """torch's local agent, told three things about our workers: an expected error is not worth
+    a restart (it would fail the same way), each restart is announced in one line, and an error
+    file a worker left half-written is a failed worker, not a crash of the agent."""
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -200,7 +241,7 @@ def _agent_class(command: str):
 
     class DptrainAgent(LocalElasticAgent):
         def _monitor_workers(self, worker_group):
-            result = super()._monitor_workers(worker_group)
+            result = self._monitor_despite_unreadable_error_files(worker_group)
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures:
                 rank, failure = root_cause(result.failures)
                 if expected_error(failure) is not None:
@@ -211,6 +252,39 @@ def _agent_class(command: str):
                           f"({self._remaining_restarts} restart(s) left)", file=sys.stderr,
                           flush=True)
             return result
+
+        def _monitor_despite_unreadable_error_files(self, worker_group):
+            """torch's monitor reads the error file of every worker that ended. One stopped
+            (SIGTERM from the agent: another rank failed first) while writing its own error
+            leaves an empty or truncated JSON file, and the reader's JSONDecodeError would
+            end the agent, restarts left or not (issue 21). Replace such files and ask again:
+            torch's process context keeps the ranks it has not recorded yet, so the repeat
+            records them all. Each pass repairs at least one file, or the error is re-raised."""
+            while True:
+                try:
+                    return super()._monitor_workers(worker_group)
+                except (OSError, ValueError, LookupError, TypeError):  # what reading may raise
+                    if not self._replace_unreadable_error_files(worker_group):
+                        raise
+
+        def _replace_unreadable_error_files(self, worker_group) -> int:
+            """Repair the unreadable error files of the workers that ended with a failure (only
+            those: a live worker may be writing its file right now). Returns how many."""
+            handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+            repaired = 0
+            for local_rank, handler in handlers.items():
+                exitcode = handler.proc.returncode
+                if exitcode in (None, 0):
+                    continue
+                path = self._pcontext.error_files[local_rank]
+                reason = replace_unreadable_error_file(path, exitcode)
+                if reason is not None:
+                    repaired += 1
+                    rank = worker_group.workers[local_rank].global_rank
+                    print(f"dptrain {command}: rank {rank} ended (exit code {exitcode}) while "
+                          f"writing its error file {path} ({reason}); counted as a failed "
+                          f"worker", file=sys.stderr, flush=True)
+            return repaired
 
     return DptrainAgent
 

@@ -8,12 +8,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from dptrain.data.datasets import Split, load_dataset
+from dptrain.data.datasets import ArrayDataset, Split, load_dataset
+from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.datasets.images import ImageDataset
 from dptrain.errors import ConfigError
-from dptrain.options import bad_value, cli
+from dptrain.options import bad_value, cli, flag, resumable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,23 +23,69 @@ class DataConfig:
 
     dataset: str = "digits"
     """digits, digits-image, diabetes, toy1d, toy1d-hetero, mnist:DIR, fashion-mnist:DIR,
-    cifar10:DIR, csv:PATH, npz:PATH (see dptrain.data.load_dataset)."""
+    cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
+    npz:PATH, or PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own
+    datasets (see dptrain.data.load_dataset)."""
     augment: Literal["auto", "on", "off"] = field(default="auto", metadata=cli(
         negative="no-augment"))
-    """Random crop (4-pixel black padding) and horizontal flip of training images: on, off, or
-    auto (on where the dataset's published results use it: cifar10)."""
+    """Random augmentation of training images: on, off, or auto (on where the dataset's
+    published results use it: cifar10, imagefolder). cifar10 and mnist: a crop of the image
+    padded by 4 black pixels and a horizontal flip; imagefolder: a random resized crop and a
+    flip."""
+    image_size: int = 0
+    """imagefolder: side of the square images the network sees (0: 224, ImageNet's);
+    evaluation resizes the shorter side to image-size / 0.875 and takes the centre crop."""
+    mean: str = ""
+    """imagefolder: per-channel mean of 0-1 pixel values, comma-separated (with std; empty:
+    estimated from a sample of the training images)."""
+    std: str = ""
+    """imagefolder: per-channel standard deviation of 0-1 pixel values, comma-separated."""
+    bad_images: Literal["error", "skip"] = field(default="error", metadata=cli(choices=True))
+    """imagefolder: an image that cannot be decoded stops the run with one line naming it
+    (error), or is left out of its batch and counted in summary.json (skip)."""
+    workers: int = field(default=-1, metadata=resumable())
+    """DataLoader worker processes per process that decode batches ahead of the training step
+    (0: decode in the training process; -1: 0 for data held in memory, else a share of the
+    process's cores). Never changes a result."""
 
     def __post_init__(self) -> None:
         if self.augment not in ("auto", "on", "off"):
             raise bad_value(self, "augment", "on, off or auto")
+        if self.image_size < 0:
+            raise bad_value(self, "image_size", "an integer >= 0 (0: 224)")
+        if self.bad_images not in ("error", "skip"):
+            raise bad_value(self, "bad_images", "error or skip")
+        if self.workers < -1:
+            raise bad_value(self, "workers", "an integer >= 0 (or -1: automatic)")
+
+    def loader_options(self) -> dict[str, Any]:
+        """The options of the dataset's reader that are set (the image-folder ones)."""
+        options = {"image_size": self.image_size, "mean": self.mean, "std": self.std,
+                   "bad_images": "" if self.bad_images == "error" else self.bad_images}
+        return {k: v for k, v in options.items() if v}
 
 
 def load_split(config: DataConfig, *, seed: int) -> Split:
     """The dataset, its training images augmented as `config` asks (draws seeded by `seed`)."""
-    split = load_dataset(config.dataset)
+    options = config.loader_options()
+    if options and config.dataset.partition(":")[0] != "imagefolder":
+        raise ConfigError(f"{', '.join(flag(k) for k in options)}: for imagefolder datasets; "
+                          f"{config.dataset} is not one")
+    split = load_dataset(config.dataset, **options)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split
-    if not isinstance(split.train, ImageDataset):
-        raise ConfigError(f"--augment is for image datasets (mnist, cifar10); "
+    if not isinstance(split.train, (ImageDataset, ImageFolderDataset)):
+        raise ConfigError(f"--augment is for image datasets (mnist, cifar10, imagefolder); "
                           f"{config.dataset} has inputs {split.input_shape}")
     return split.with_train(split.train.with_augmentation(seed=seed))
+
+
+def resolve_workers(config: DataConfig, split: Split, cores: int) -> int:
+    """How many loader workers a process gets: `config.workers`, or when automatic none for
+    data in memory (a batch is one gather) and up to half the process's `cores`, at least one,
+    for data decoded from files."""
+    if config.workers >= 0:
+        return config.workers
+    if isinstance(split.train, ArrayDataset):
+        return 0
+    return max(1, min(4, cores // 2))

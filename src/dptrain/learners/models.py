@@ -168,11 +168,19 @@ def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
                       dtype=options.dtype)
 
 
+IMAGENET_STEM_FROM = 128
+"""The ResNets take ImageNet's stem (a strided conv and a pool: 4x smaller maps) for images of
+at least this many pixels a side, CIFAR's (one 3x3 conv at full size) below."""
+
+
 def tagi_resnet18(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
-    """pytagi's CIFAR-10 ResNet18: every 3x3 conv (no bias) followed by MixtureReLU then
-    BatchNorm2d; the first block of stages 2-4 has stride 2 with padding_type 2 and a projection
-    shortcut Conv2d(k=2, stride=2) + MixtureReLU + BatchNorm2d; no activation after the sum;
-    AvgPool2d over the last feature map (4x4 on 32x32 inputs), Linear(8·width, num_outputs)."""
+    """pytagi's ResNet18: every 3x3 conv (no bias) followed by MixtureReLU then BatchNorm2d;
+    the first block of stages 2-4 has stride 2 with padding_type 2 and a projection shortcut
+    Conv2d(k=2, stride=2) + MixtureReLU + BatchNorm2d; no activation after the sum; AvgPool2d
+    over the last feature map, Linear(8·width, num_outputs). The stem is pytagi's CIFAR-10 one
+    (3x3 conv; 4x4 last map on 32x32) below `IMAGENET_STEM_FROM` pixels, its ImageNet one
+    above: Conv2d(k=6, stride 2, padding 2) + MixtureReLU + BatchNorm2d + AvgPool2d(3, stride 2,
+    padding 1 right and bottom); 7x7 last map on 224x224."""
     c, h, w = _image(input_shape)
     gw, gb = _gains(options)
 
@@ -190,14 +198,19 @@ def tagi_resnet18(input_shape: tuple[int, ...], num_outputs: int, options: Model
         return ResNetBlock(main, LayerBlock(*conv(cin, cout, k=2, stride=2, padding=0)))
 
     base = options.width
-    layers: list[Any] = conv(c, base, in_width=w, in_height=h)
+    if min(h, w) >= IMAGENET_STEM_FROM:
+        layers: list[Any] = [*conv(c, base, k=6, stride=2, padding=2, in_width=w, in_height=h),
+                             AvgPool2d(3, stride=2, padding=1, padding_type=2)]
+        final_hw = h // 32
+    else:
+        layers = conv(c, base, in_width=w, in_height=h)
+        final_hw = h // 8
     cin = base
     for stage, mult in enumerate((1, 2, 4, 8)):
         cout = base * mult
         stride = 1 if stage == 0 else 2
         layers += [block(cin, cout, stride), block(cout, cout, 1)]
         cin = cout
-    final_hw = h // 8
     return Sequential(*layers, AvgPool2d(final_hw),
                       Linear(cin, num_outputs, gain_weight=gw, gain_bias=gb),
                       dtype=options.dtype)
@@ -266,19 +279,64 @@ class BasicBlock(nn.Module):
         return torch.relu(self.main(x) + self.short(x))
 
 
+class Bottleneck(nn.Module):
+    """The ResNet50 block: 1x1 (to `mid`), 3x3 (strided), 1x1 (to 4·mid) conv + BatchNorm, ReLU
+    between and after the sum; a 1x1 strided conv + BatchNorm shortcut where the shape
+    changes."""
+
+    def __init__(self, cin: int, mid: int, stride: int) -> None:
+        super().__init__()
+        cout = 4 * mid
+        self.main = nn.Sequential(
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(mid),
+            nn.ReLU(), nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.short = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.main(x) + self.short(x))
+
+
+def _torch_stem(c: int, h: int, w: int, base: int) -> list[nn.Module]:
+    """ImageNet's stem (7x7 stride-2 conv, 3x3 stride-2 max-pool) from `IMAGENET_STEM_FROM`
+    pixels up, CIFAR's (3x3 conv, no pool) below; BatchNorm and ReLU after the conv."""
+    if min(h, w) >= IMAGENET_STEM_FROM:
+        return [Reshape((c, h, w)), nn.Conv2d(c, base, 7, stride=2, padding=3, bias=False),
+                nn.BatchNorm2d(base), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1)]
+    return [Reshape((c, h, w)), nn.Conv2d(c, base, 3, padding=1, bias=False),
+            nn.BatchNorm2d(base), nn.ReLU()]
+
+
 def torch_resnet18(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
-    """The usual CIFAR ResNet18: 3x3 stem without max-pool, stages of width 1, 2, 4, 8 x
-    `width` with strides 1, 2, 2, 2, two blocks each, global average pool, linear head."""
+    """The usual ResNet18: the stem (`_torch_stem`: CIFAR's on small images, ImageNet's on
+    large ones), stages of width 1, 2, 4, 8 x `width` with strides 1, 2, 2, 2, two blocks each,
+    global average pool, linear head."""
     c, h, w = _image(input_shape)
     base = options.width
-    layers: list[nn.Module] = [Reshape((c, h, w)),
-                               nn.Conv2d(c, base, 3, padding=1, bias=False),
-                               nn.BatchNorm2d(base), nn.ReLU()]
+    layers = _torch_stem(c, h, w, base)
     cin = base
     for stage, mult in enumerate((1, 2, 4, 8)):
         cout = base * mult
         layers += [BasicBlock(cin, cout, 1 if stage == 0 else 2), BasicBlock(cout, cout, 1)]
         cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_outputs)]
+    return nn.Sequential(*layers)
+
+
+def torch_resnet50(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """The usual ResNet50: the stem as torch-resnet18's, bottleneck stages of 3, 4, 6, 3 blocks
+    (widths 1, 2, 4, 8 x `width`, out 4x that), strides 1, 2, 2, 2, global average pool,
+    linear head (25.6 M parameters on ImageNet)."""
+    c, h, w = _image(input_shape)
+    base = options.width
+    layers = _torch_stem(c, h, w, base)
+    cin = base
+    for stage, (mult, blocks) in enumerate(zip((1, 2, 4, 8), (3, 4, 6, 3))):
+        mid = base * mult
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, mid, 2 if stage and not i else 1))
+            cin = 4 * mid
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_outputs)]
     return nn.Sequential(*layers)
 
@@ -294,8 +352,10 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("torch-mlp", "torch", torch_mlp, "torch MLP, 2 ReLU layers of --hidden units"),
     ModelSpec("torch-cnn", "torch", torch_cnn, "torch CNN, 2 conv + BatchNorm blocks",
               needs_image=True),
-    ModelSpec("torch-resnet18", "torch", torch_resnet18, "torch CIFAR ResNet18",
-              needs_image=True),
+    ModelSpec("torch-resnet18", "torch", torch_resnet18, "torch ResNet18 (CIFAR or ImageNet "
+              "stem by image size)", needs_image=True),
+    ModelSpec("torch-resnet50", "torch", torch_resnet50, "torch ResNet50 (CIFAR or ImageNet "
+              "stem by image size)", needs_image=True),
 )}
 TAGI_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "tagi")
 TORCH_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "torch")
@@ -320,8 +380,10 @@ def check_input(name: str, input_shape: tuple[int, ...]) -> None:
                           f"{tuple(input_shape)} (use a tagi-mlp or torch-mlp model)")
     h, w = image[1:]
     smallest = 8 if "resnet" in name else 4
-    if min(h, w) < smallest or ("resnet" in name and (h % 8 or w % 8)):
-        need = ("a multiple of 8 pixels on each side (three stride-2 stages)"
+    step = 32 if min(h, w) >= IMAGENET_STEM_FROM else 8
+    if min(h, w) < smallest or ("resnet" in name and (h % step or w % step)):
+        need = (f"a multiple of {step} pixels on each side (three stride-2 stages"
+                f"{' after a 4x smaller stem' if step == 32 else ''})"
                 if "resnet" in name else f"at least {smallest}x{smallest} pixels")
         raise ConfigError(f"model {name} needs images of {need}; the dataset's are {h}x{w}")
 

@@ -10,6 +10,7 @@ import torch
 
 from dptrain.dist import DDPConfig, Runtime
 from dptrain.errors import ConfigError
+from dptrain.data.loader import fetch_batch
 from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.plots import plot_regression_band
@@ -238,11 +239,12 @@ class TagiLearner:
         return summary
 
     def _plot_bands(self, path: Path, split: Split) -> None:
+        (x_train, y_train), (x_test, y_test) = (
+            fetch_batch(part, 0, torch.arange(len(part))) for part in (split.train, split.test))
         mean, epistemic_std, total_std = (
-            t.cpu() for t in self.predict_bands(split.test.x.to(self.model.device)))
+            t.cpu() for t in self.predict_bands(x_test.to(self.model.device, self.model.dtype)))
         x_of = split.x_norm.invert if split.x_norm is not None else (lambda t: t)
         y_of = split.y_norm.invert if split.y_norm is not None else (lambda t: t)
         y_std = split.y_norm.std if split.y_norm is not None else 1.0
-        plot_regression_band(path, x_of(split.train.x), y_of(split.train.y), x_of(split.test.x),
-                             y_of(split.test.y), y_of(mean), epistemic_std * y_std,
-                             total_std * y_std)
+        plot_regression_band(path, x_of(x_train), y_of(y_train), x_of(x_test), y_of(y_test),
+                             y_of(mean), epistemic_std * y_std, total_std * y_std)

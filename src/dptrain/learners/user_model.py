@@ -20,73 +20,26 @@ your model from the arguments only). Each problem is one line (a ConfigError) ra
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from dptrain import user_code
 from dptrain.errors import ConfigError
 from dptrain.learners.models import num_outputs
 from dptrain.tagi import Sequential, manual_seed
+from dptrain.user_code import file_sha256, is_code_spec
 
-
-def is_model_file(spec: str) -> bool:
-    """True for `PATH.py:FUNCTION` (as opposed to a built-in model's name)."""
-    path, sep, func = spec.rpartition(":")
-    return bool(sep) and path.endswith(".py") and bool(func)
-
-
-def model_file_sha256(model: str | Path) -> str | None:
-    """Hex SHA-256 of a model file's bytes, what identifies a user model in a run's record:
-    `model` is the file's path or a `PATH.py:FUNCTION` spelling; None for a built-in model's
-    name."""
-    if is_model_file(str(model)):
-        path: str | Path = str(model).rpartition(":")[0]
-    elif isinstance(model, Path) or str(model).endswith(".py"):
-        path = model
-    else:
-        return None
-    try:
-        return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
-    except OSError as err:
-        raise ConfigError(f"model file {path}: cannot read it: {err.strerror or err}") from None
-
-
-def split_spec(spec: str) -> tuple[Path, str]:
-    path, sep, func = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not func.isidentifier():
-        raise ConfigError(f"--model {spec!r}: expected PATH.py:FUNCTION (a Python file and the "
-                          f"name of a function in it)")
-    return Path(path).expanduser(), func
+is_model_file = is_code_spec
+"""True for `PATH.py:FUNCTION` (as opposed to a built-in model's name)."""
+model_file_sha256 = file_sha256
+"""sha256 of a model file (its path, or the `PATH.py:FUNCTION` spelling); None for a name."""
 
 
 def load_function(spec: str) -> Callable[..., Any]:
-    """The function `spec` names, imported from its file (which runs the file's top level)."""
-    path, func = split_spec(spec)
-    if not path.is_file():
-        raise ConfigError(f"--model {spec}: model file not found: {path}")
-    name = f"_dptrain_user_model_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"--model {spec}: cannot import {path} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as err:  # the user's code: any failure is "this file does not import"
-        raise ConfigError(f"--model {spec}: importing {path} failed: {type(err).__name__}: "
-                          f"{err}") from None
-    fn = getattr(module, func, None)
-    if not callable(fn):
-        defined = sorted(n for n, v in vars(module).items()
-                         if callable(v) and getattr(v, "__module__", None) == name)
-        raise ConfigError(f"--model {spec}: {path} has no function {func!r} (it defines: "
-                          f"{', '.join(defined) or 'no functions'})")
-    return fn
+    """The model-building function `spec` names, imported from its file."""
+    return user_code.load_function(spec, option="--model", what="model file")
 
 
 class UserModel(NamedTuple):

@@ -20,8 +20,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from dptrain import dist as dd
 from dptrain.data import Split
-from dptrain.data.config import DataConfig, load_split
+from dptrain.data.config import DataConfig, load_split, resolve_workers
 from dptrain.dist import (
     Runtime,
     broadcast_object,
@@ -31,6 +34,7 @@ from dptrain.dist import (
     setup_logging,
 )
 from dptrain.dist.job import launcher_start_time, stamp
+from dptrain.errors import DataError
 from dptrain.learners.build import create_learner, create_model
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
@@ -80,7 +84,8 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
         monitor_mode="max" if "log_likelihood" in monitor else "min",
         patience=options.patience or None, progress=options.progress,
         fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)),
-        run_record=run_record(options))
+        run_record=run_record(options),
+        workers=resolve_workers(options.part(DataConfig), split, torch.get_num_threads()))
 
 
 def run_training(options: TrainOptions) -> dict[str, Any]:
@@ -98,6 +103,7 @@ def run_training(options: TrainOptions) -> dict[str, Any]:
 
 def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     split = load_job_split(options)
+    check_same_files(split)
     learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
                              seed=options.seed, dataset=options.dataset)
     config = train_config(options, split)
@@ -114,6 +120,17 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
                     f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
                     f"{Path(options.out) / 'tb'})")
     return summary
+
+
+def check_same_files(split: Split) -> None:
+    """Collective: every process read the same files (a node with another copy of an image
+    folder would train on other samples under the same indices)."""
+    seen = dd.all_gather_object(split.fingerprint)
+    if len(set(seen)) > 1:
+        odd = [r for r, f in enumerate(seen) if f != seen[0]]
+        raise DataError(f"{split.name}: rank(s) {odd} see other files than rank 0 (a different "
+                        f"copy of the dataset on their node?); every process must read the "
+                        f"same files")
 
 
 def headline(summary: dict[str, Any], task: str) -> str:

@@ -18,9 +18,9 @@ from dptrain.data.config import DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.user_model import model_file_sha256
-from dptrain.options import bad_value, check_at_least, cli, defines_run, pick, resumable
+from dptrain.options import bad_value, check_at_least, defines_run, pick, resumable
 from dptrain.train.faults import FailAt
+from dptrain.user_code import file_sha256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,11 +99,13 @@ RESUMABLE_OPTIONS = frozenset(f.name for f in fields(TrainOptions) if not define
 
 def run_record(options: TrainOptions) -> dict[str, Any]:
     """The options that define the run, stored in every checkpoint and compared when the run
-    resumes; a model file counts by its content (`model_sha256`), wherever it lies."""
+    resumes; a model or dataset file counts by its content (`model_sha256`,
+    `dataset_sha256`), wherever it lies."""
     record = {f.name: getattr(options, f.name) for f in fields(options) if defines_run(f)}
-    digest = model_file_sha256(options.model)
-    if digest is not None:
-        record["model_sha256"] = digest
+    for option, key in (("model", "model_sha256"), ("dataset", "dataset_sha256")):
+        digest = file_sha256(getattr(options, option))
+        if digest is not None:
+            record[key] = digest
     return record
 
 

@@ -8,10 +8,12 @@ metric reduction at each epoch end, and around checkpoints.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,9 +21,10 @@ from typing import Any, Literal
 import torch
 
 from dptrain import dist as dd
-from dptrain.data import ArrayDataset, ShardedSampler, Split, num_samples_per_rank
+from dptrain.data import ShardedSampler, Split, num_samples_per_rank
+from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.errors import ConfigError
-from dptrain.learners.protocol import Learner, Metrics
+from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
@@ -55,6 +58,9 @@ class TrainConfig:
     patience: int | None = None
     """Stop after this many epochs without a better monitored value (None: never)."""
     eval_batch_size: int = 512
+    workers: int = 0
+    """DataLoader worker processes per rank that decode batches ahead of the step (0: the
+    training process makes each batch when it needs it). Never changes a result."""
     progress: bool = True
     fail_at: FailAt | None = None
     record: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +76,8 @@ class TrainConfig:
         for name in ("num_epochs", "global_batch_size", "keep_last", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.workers < 0:
+            raise ConfigError(f"workers must be >= 0, got {self.workers}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"checkpoint_every must be >= 1 step, got {self.checkpoint_every}")
         if self.resume not in ("auto", "never"):
@@ -116,6 +124,13 @@ class Trainer:
                                       seed=config.seed, mode="train")
         self.eval_sampler = ShardedSampler(split.test, rank=self.rank,
                                            world_size=self.world_size, mode="eval")
+        pin = runtime.device.type == "cuda"
+        self.loader = BatchLoader(split.train, self.sampler, self.local_batch_size,
+                                  workers=config.workers, pin_memory=pin)
+        self.eval_loader = BatchLoader(split.test, self.eval_sampler, config.eval_batch_size,
+                                       workers=config.workers, pin_memory=pin)
+        self.data_wait_s = 0.0
+        """Seconds the training steps waited for their batches (not the evaluations)."""
         self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
@@ -129,7 +144,15 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Train to the last epoch (or early stop) and return the summary (also summary.json)."""
+        """Train to the last epoch (or early stop) and return the summary (also summary.json).
+        The data loaders' worker processes end with it, however it ends."""
+        try:
+            return self._fit()
+        finally:
+            self.loader.close()
+            self.eval_loader.close()
+
+    def _fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         rng.seed_everything(self.config.seed + self.rank)
         self.learner.setup(self.runtime)
@@ -142,10 +165,9 @@ class Trainer:
         samples_seen = 0
         while self.epoch < self.config.num_epochs and not self.early.should_stop:
             self.sampler.set_epoch(self.epoch)
-            # per-epoch schedules (TAGI σ_v) and augmentation draws are functions of the epoch,
-            # so a resumed run continues them exactly
+            # per-epoch schedules (TAGI σ_v), and augmentation draws through the loader, are
+            # functions of the epoch, so a resumed run continues them exactly
             self.learner.set_epoch(self.epoch)
-            self.split.train.set_epoch(self.epoch)
             train_means, seen = self._train_epoch()
             samples_seen += seen
             test_means = self._evaluate()
@@ -163,16 +185,22 @@ class Trainer:
                             done=self.sampler.position // self.local_batch_size,
                             desc=f"epoch {self.epoch + 1}/{self.config.num_epochs}",
                             enabled=self.config.progress and self.rank == 0)
-        for indices in self.sampler.batches(self.local_batch_size):
+        batches = iter(self.loader)
+        while True:
+            waited = time.perf_counter()
+            batch = next(batches, None)
+            self.data_wait_s += time.perf_counter() - waited
+            if batch is None:
+                break
             if self.config.fail_at is not None:
                 self.config.fail_at.maybe_kill(self.rank, self.step)
-            metrics = self.learner.train_step(self._batch(self.split.train, indices))
+            metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
-            seen += len(indices) * self.world_size
+            seen += len(batch[1]) * self.world_size
             for name, (s, c) in metrics.items():
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
-            progress.update(len(indices) * self.world_size, metrics)
+            progress.update(len(batch[1]) * self.world_size, metrics)
             if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
                     and self.sampler.num_remaining > 0:
                 self._save_checkpoint(epoch_done=False)
@@ -184,17 +212,18 @@ class Trainer:
         """Every test sample exactly once over the ranks (contract 5), reduced as sums."""
         sums: Metrics = {}
         self.eval_sampler.set_position(0)
-        batches = list(self.eval_sampler.batches(self.config.eval_batch_size))
+        batches: Iterable[Batch] = self.eval_loader
         if self.learner.eval_is_collective:
             # A sharded model all-gathers its weights inside every eval step, so every rank
             # must take as many steps as rank 0 (which holds the most samples): pad with
             # empty batches, which count nothing.
             most = num_samples_per_rank(len(self.split.test), self.world_size, 0, mode="eval")
+            padding = math.ceil(most / self.config.eval_batch_size) - len(self.eval_loader)
             empty = torch.zeros(0, dtype=torch.long)
-            batches += [empty] * (math.ceil(most / self.config.eval_batch_size) - len(batches))
-        for indices in batches:
-            for name, (s, c) in self.learner.eval_step(self._batch(self.split.test,
-                                                                   indices)).items():
+            batches = itertools.chain(batches, (fetch_batch(self.split.test, 0, empty)
+                                                for _ in range(padding)))
+        for batch in batches:
+            for name, (s, c) in self.learner.eval_step(self._to_device(batch)).items():
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
@@ -217,8 +246,8 @@ class Trainer:
         # NCCL reduces CUDA tensors only; gloo takes CPU ones.
         return self.runtime.device if self.runtime.backend == "nccl" else torch.device("cpu")
 
-    def _batch(self, dataset: ArrayDataset, indices: torch.Tensor):
-        x, y = dataset[indices]
+    def _to_device(self, batch: Batch) -> Batch:
+        x, y = batch
         device = self.runtime.device
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
@@ -311,12 +340,24 @@ class Trainer:
             "world_size": self.world_size, "batch_size": self.config.global_batch_size,
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
+            "data_wait_s": self.data_wait_s,
+            **self._skipped_samples(),
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
             **self.learner.report(Path(self.config.out_dir) if self.rank == 0 else None,
                                   self.split),
         }
+
+    def _skipped_samples(self) -> dict[str, Any]:
+        """Samples the loaders left out (`--bad-images skip`), over every rank: collective."""
+        seen = dd.all_gather_object(sorted(self.loader.skipped | self.eval_loader.skipped))
+        reasons = sorted(set().union(*seen))
+        if not reasons:
+            return {}
+        if self.rank == 0:
+            log.warning("left out %d unreadable sample(s), e.g. %s", len(reasons), reasons[0])
+        return {"skipped_samples": len(reasons), "skipped_examples": reasons[:10]}
 
     def _finish(self, summary: dict[str, Any]) -> None:
         if self.rank != 0:

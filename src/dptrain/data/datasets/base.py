@@ -87,23 +87,30 @@ class Normalisation:
 class Split:
     """A fixed train/test split with what a model needs to know about it.
 
+    `train` and `test` are map-style datasets: `dataset[i]` is one sample `(x, y)` (an
+    `ArrayDataset` also takes a whole index tensor at once). Classification targets are class
+    ids, regression targets float vectors of `output_dim`.
+
     Attributes:
         x_norm: how raw inputs were normalised (stats from the training part only); apply it
             to new raw inputs before predicting.
         y_norm: regression only: how targets were standardised; `y_norm.invert(pred)` gives
             predictions in the original units (e.g. for an RMSE that means something).
+        fingerprint: of the files the data came from, when it was read lazily from many: every
+            process of a job must see the same.
     """
 
     name: str
-    train: ArrayDataset
-    test: ArrayDataset
+    train: torch.utils.data.Dataset
+    test: torch.utils.data.Dataset
     task: Task
     num_classes: int | None
     x_norm: Normalisation | None = None
     y_norm: Normalisation | None = None
     augment_by_default: bool = False
     """Train with random crops and flips unless told otherwise (`DataConfig.augment` "auto"):
-    the convention of the dataset's published results (CIFAR-10)."""
+    the convention of the dataset's published results (CIFAR-10, ImageNet)."""
+    fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if self.task not in _TASKS:
@@ -112,30 +119,39 @@ class Split:
             raise ConfigError(f"Split.num_classes must be set for classification and None for "
                               f"regression, got task={self.task!r}, "
                               f"num_classes={self.num_classes!r}")
-        if self.train.sample_shape != self.test.sample_shape:
+        if sample_shape(self.train) != sample_shape(self.test):
             raise DataError(f"{self.name}: train inputs have shape "
-                            f"{(len(self.train), *self.train.sample_shape)} but test inputs "
-                            f"{(len(self.test), *self.test.sample_shape)}")
+                            f"{(len(self.train), *sample_shape(self.train))} but test inputs "
+                            f"{(len(self.test), *sample_shape(self.test))}")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """One sample's input shape, e.g. (64,) or (1, 8, 8)."""
-        return self.train.sample_shape
+        return sample_shape(self.train)
 
-    def with_train(self, train: ArrayDataset) -> Split:
+    def with_train(self, train: torch.utils.data.Dataset) -> Split:
         """The same split with another training set (e.g. augmented images)."""
         return dataclasses.replace(self, train=train)
 
     @property
     def output_dim(self) -> int:
         """Number of classes, or number of regression targets."""
-        return self.num_classes if self.num_classes is not None else self.train.y.shape[1]
+        if self.num_classes is not None:
+            return self.num_classes
+        y = self.train.y if isinstance(self.train, ArrayDataset) else self.train[0][1][None]
+        return int(y.reshape(len(y), -1).shape[1])
 
     def __repr__(self) -> str:
         kind = (f"{self.num_classes} classes" if self.num_classes is not None
                 else f"{self.output_dim} target(s)")
         return (f"Split({self.name!r}, {self.task}, {kind}, input {self.input_shape}, "
                 f"train {len(self.train)}, test {len(self.test)})")
+
+
+def sample_shape(dataset: torch.utils.data.Dataset) -> tuple[int, ...]:
+    """One sample's input shape: declared by dptrain's datasets, else read off sample 0."""
+    declared = getattr(dataset, "sample_shape", None)
+    return tuple(declared) if declared is not None else tuple(dataset[0][0].shape)
 
 
 def check_finite(values: np.ndarray | torch.Tensor, *, where: str) -> None:

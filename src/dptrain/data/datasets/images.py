@@ -30,15 +30,22 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def draw_keys(seed: int, epoch: int, indices: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A 64-bit hash of (seed, epoch, index) per sample: what every random draw of a sample's
+    augmentation derives from, so draws depend on nothing else (rank, batch, worker, resume)."""
+    idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices
+                     ).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        key = _mix64(np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
+                     + np.uint64(epoch & 0xFFFFFFFF))
+        return _mix64(key ^ _mix64(idx + np.uint64(0x632BE59BD9B4E019)))
+
+
 def augmentation_draws(seed: int, epoch: int, indices: torch.Tensor, pad: int = PAD
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dy, dx, flip) per sample: crop offsets in [0, 2·pad] and a flip flag, from the hash of
     (seed, epoch, index)."""
-    idx = indices.cpu().numpy().astype(np.uint64)
-    with np.errstate(over="ignore"):
-        key = _mix64(np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
-                     + np.uint64(epoch & 0xFFFFFFFF))
-        h = _mix64(key ^ _mix64(idx + np.uint64(0x632BE59BD9B4E019)))
+    h = draw_keys(seed, epoch, indices)
     span = np.uint64(2 * pad + 1)
     dy = (h % span).astype(np.int64)
     dx = ((h >> np.uint64(16)) % span).astype(np.int64)

@@ -11,7 +11,9 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     cifar10:DIR            CIFAR-10 python or binary batches       load_cifar10(DIR, ...)
     csv:PATH               regression table                        load_csv(PATH, target=...)
     npz:PATH               regression arrays                       load_npz(PATH, ...)
+    imagefolder:DIR        DIR/train/<class>/*.jpg, DIR/val/...    load_image_folder(DIR, ...)
     PATH.csv | PATH.npz    the same, recognised by the suffix
+    PATH.py:FUNCTION       your own: FUNCTION() returns a Split    load_user_dataset(spec)
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from typing import Any
 from dptrain.data.datasets.base import Split
 from dptrain.data.datasets.cifar10 import load_cifar10
 from dptrain.data.datasets.idx import load_mnist
+from dptrain.data.datasets.image_folder import load_image_folder
 from dptrain.data.datasets.sklearn_sets import load_diabetes, load_digits
 from dptrain.data.datasets.table import load_csv, load_npz
 from dptrain.data.datasets.toy1d import load_toy1d, load_toy1d_hetero
+from dptrain.data.datasets.user_data import load_user_dataset
 from dptrain.errors import ConfigError
+from dptrain.user_code import is_code_spec
 
 # name -> loader; the names in PATH_DATASETS take the part after the colon as first argument
 BUILTIN_DATASETS: dict[str, Callable[..., Split]] = {
@@ -44,13 +49,15 @@ PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "cifar10": load_cifar10,
     "csv": load_csv,
     "npz": load_npz,
+    "imagefolder": load_image_folder,
 }
 _SUFFIXES = {".csv": "csv", ".npz": "npz"}
 
 
 def accepted_names() -> list[str]:
     """Every spelling `load_dataset` accepts, for help texts and error messages."""
-    return [*BUILTIN_DATASETS, *(f"{n}:PATH" for n in PATH_DATASETS), "PATH.csv", "PATH.npz"]
+    return [*BUILTIN_DATASETS, *(f"{n}:PATH" for n in PATH_DATASETS), "PATH.csv", "PATH.npz",
+            "PATH.py:FUNCTION"]
 
 
 def load_dataset(spec: str | Path, **options: Any) -> Split:
@@ -62,6 +69,11 @@ def load_dataset(spec: str | Path, **options: Any) -> Split:
         DataError: the files themselves are missing or bad.
     """
     spec = str(spec)
+    if is_code_spec(spec):
+        if options:
+            raise ConfigError(f"dataset {spec}: your own dataset takes no option(s) "
+                              f"{sorted(options)}")
+        return load_user_dataset(spec)
     name, sep, path = spec.partition(":")
     if name in BUILTIN_DATASETS:
         if sep:

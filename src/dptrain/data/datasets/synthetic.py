@@ -71,3 +71,20 @@ def write_synthetic_cifar10(directory: str | Path, *, num_train: int = 64, num_t
 def _write_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
     batch = {b"data": images.reshape(len(images), -1), b"labels": [int(v) for v in labels]}
     path.write_bytes(pickle.dumps(batch, protocol=2))
+
+
+def write_synthetic_image_folder(directory: str | Path, *, num_train: int = 40,
+                                 num_test: int = 20, size: int = 64, num_classes: int = 4,
+                                 seed: int = 0) -> Path:
+    """An image folder (`directory/train/class<k>/*.jpg`, `directory/val/...`) of RGB JPEGs,
+    `size` pixels a side, the classes told apart by where their bright square sits."""
+    from PIL import Image  # deferred like the callers of the other writers, which need none
+
+    directory = Path(directory)
+    for part, num, offset in (("train", num_train, 0), ("val", num_test, 1)):
+        images, labels = synthetic_images(num, 3, size, seed * 2 + offset)
+        for i, (image, label) in enumerate(zip(images, labels % num_classes)):
+            folder = directory / part / f"class{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image.transpose(1, 2, 0)).save(folder / f"{i:05d}.jpg", quality=90)
+    return directory

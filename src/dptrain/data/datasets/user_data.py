@@ -1,0 +1,70 @@
+"""Your own dataset for `dptrain train --dataset PATH.py:FUNCTION` (and the library's Trainer).
+
+    # my_data.py
+    import torch
+    from dptrain.data import Split
+
+    class Squares(torch.utils.data.Dataset):
+        def __init__(self, n): self.x = torch.linspace(-1, 1, n)[:, None]
+        def __len__(self): return len(self.x)
+        def __getitem__(self, i): return self.x[i], self.x[i] ** 2   # (input, target)
+
+    def squares():
+        return Split(name="squares", task="regression", num_classes=None,
+                     train=Squares(200), test=Squares(50))
+
+The contract: `FUNCTION()` takes no argument and returns a `dptrain.data.Split` whose `train`
+and `test` are map-style datasets (`__len__`, and `dataset[i]` -> `(x, y)` with `x` a float
+tensor, the same shape for every sample, as the network should see it); `task` is
+"classification" (then `num_classes` K and each `y` a class id in [0, K), int or 0-d int64
+tensor) or "regression" (`num_classes` None and each `y` a float tensor of the targets).
+Samples are read one at a time, in DataLoader workers with `--workers N`, so a dataset may read
+its files lazily; keep what it holds in memory small. The file's sha256 joins the run's record,
+so a resumed run refuses a changed file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dptrain.data.datasets.base import Split
+from dptrain.errors import ConfigError, DataError
+from dptrain.user_code import load_function
+
+
+def load_user_dataset(spec: str) -> Split:
+    """The split `FUNCTION()` of `PATH.py:FUNCTION` returns, its first samples checked."""
+    fn = load_function(spec, option="--dataset", what="dataset file")
+    try:
+        split = fn()
+    except (ConfigError, DataError):
+        raise
+    except Exception as err:  # the user's code: name it and what it raised
+        raise DataError(f"--dataset {spec}: {type(err).__name__} while building the dataset: "
+                        f"{err}") from None
+    if not isinstance(split, Split):
+        raise ConfigError(f"--dataset {spec}: returned a {type(split).__name__}; expected a "
+                          f"dptrain.data.Split (see dptrain.data.datasets.user_data)")
+    for part in ("train", "test"):
+        _check_sample(spec, part, getattr(split, part), split)
+    return split
+
+
+def _check_sample(spec: str, part: str, dataset: torch.utils.data.Dataset, split: Split) -> None:
+    where = f"--dataset {spec}: {part}[0]"
+    if len(dataset) < 1:
+        raise DataError(f"--dataset {spec}: the {part} part has no samples")
+    try:
+        x, y = dataset[0]
+    except Exception as err:  # the user's code
+        raise DataError(f"{where}: {type(err).__name__}: {err} (items must be (x, y))") from None
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise DataError(f"{where}: the input must be a float tensor, got {type(x).__name__}"
+                        f"{'' if not isinstance(x, torch.Tensor) else f' of {x.dtype}'}")
+    y = torch.as_tensor(y)
+    if split.task == "classification":
+        if y.is_floating_point() or y.numel() != 1 or not 0 <= int(y) < split.num_classes:
+            raise DataError(f"{where}: a classification target must be a class id in "
+                            f"[0, {split.num_classes}), got {y!r}")
+    elif not y.is_floating_point():
+        raise DataError(f"{where}: a regression target must be a float tensor, got {y.dtype}")

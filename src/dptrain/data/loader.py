@@ -1,0 +1,178 @@
+"""`BatchLoader`: one rank's batches of an epoch, in the sampler's order, decoded here or by
+DataLoader worker processes, resumable at any step.
+
+    loader = BatchLoader(split.train, sampler, local_batch_size=32, workers=2)
+    sampler.set_epoch(epoch)
+    for x, y in loader:             # the sampler's position counts the batches handed out
+        ...
+    loader.close()                  # stops the workers (also on any error)
+
+A batch is asked for by its key (epoch, indices), and a dataset's random draws (augmentation)
+are a function of (seed, epoch, sample index), so a batch is the same bits whichever process
+makes it: `workers` never changes a result. Workers prefetch, but the sampler's position only
+moves when a batch is handed to the training loop, so a checkpoint taken after step k resumes
+at step k + 1, never past batches that were prefetched and not trained on.
+
+Datasets: an `ArrayDataset` (and its image subclass) is indexed with the whole index tensor at
+once; any other map-style dataset item by item (`dataset[i]` -> `(x, y)`), stacked with torch's
+default collate. Errors a worker meets in the data (a corrupt image: `DataError`) reach the
+training process as the same one-line error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+from dptrain.data.datasets.base import ArrayDataset
+from dptrain.data.datasets.image_folder import Skipped
+from dptrain.data.sampler import ShardedSampler
+from dptrain.errors import ConfigError, DataError
+
+BatchKey = tuple[int, torch.Tensor]
+"""(epoch, this rank's sample indices of one batch)."""
+
+
+class Batch(tuple):
+    """(inputs, targets), and the reasons of the samples left out of it (`skipped`: items a
+    dataset could not read and said so with a `Skipped`, e.g. under `--bad-images skip`)."""
+
+    skipped: tuple[str, ...] = ()
+
+    def pin_memory(self) -> Batch:
+        """Page-locked copies (DataLoader's pin_memory calls this), `skipped` kept."""
+        pinned = Batch(t.pin_memory() for t in self)
+        pinned.skipped = self.skipped
+        return pinned
+
+
+def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
+    """The samples `indices` of `dataset` as drawn in `epoch`, stacked into one batch."""
+    set_epoch = getattr(dataset, "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(epoch)
+    if isinstance(dataset, ArrayDataset):
+        return Batch(dataset[indices])
+    if len(indices) == 0:  # a rank with no sample left still steps (collective evaluation)
+        x, y = default_collate([dataset[0]])
+        return Batch((x[:0], y[:0]))
+    items = [dataset[int(i)] for i in indices]
+    kept = [item for item in items if not isinstance(item, Skipped)]
+    if not kept:
+        raise DataError(f"every sample of a batch was left out: {items[0].reason} (and "
+                        f"{len(items) - 1} more)")
+    batch = Batch(default_collate(kept))
+    batch.skipped = tuple(item.reason for item in items if isinstance(item, Skipped))
+    return batch
+
+
+class _Batches(Dataset):
+    """What a worker is asked for: a whole batch by its key. A data error comes back as a
+    value, so the training process raises it as the one line it is (DataLoader would wrap it
+    in its worker traceback)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, key: BatchKey) -> Any:
+        try:
+            return fetch_batch(self.dataset, *key)
+        except DataError as err:
+            return _Failure(str(err))
+
+
+class _Failure:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class _Keys(Sampler[BatchKey]):
+    """The keys of the batches the loader is about to hand out; set anew for every pass."""
+
+    def __init__(self) -> None:
+        self.keys: list[BatchKey] = []
+
+    def __iter__(self) -> Iterator[BatchKey]:
+        return iter(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class BatchLoader:
+    """This rank's batches from `sampler`'s position to the end of its epoch.
+
+    Args:
+        workers: DataLoader worker processes that decode batches ahead of the training loop
+            (0: the training process makes each batch when it is needed). They persist across
+            epochs and are stopped by `close()`.
+        pin_memory: page-locked batches, for fast copies to a CUDA device.
+        prefetch: batches each worker makes ahead.
+    """
+
+    def __init__(self, dataset: Dataset, sampler: ShardedSampler, local_batch_size: int, *,
+                 workers: int = 0, pin_memory: bool = False, prefetch: int = 2) -> None:
+        if workers < 0:
+            raise ConfigError(f"workers: expected an integer >= 0, got {workers}")
+        self.dataset, self.sampler = dataset, sampler
+        self.local_batch_size, self.workers = local_batch_size, workers
+        self._keys = _Keys()
+        self.skipped: set[str] = set()
+        """Why each sample left out of a batch was (distinct reasons, each naming its file)."""
+        self._loader: DataLoader | None = None
+        if workers:
+            # Forked workers share the dataset's memory (a file list, uint8 images) instead of
+            # a pickled copy each, and see classes defined in a user's dataset file.
+            self._loader = DataLoader(
+                _Batches(dataset), sampler=self._keys, batch_size=None, num_workers=workers,
+                persistent_workers=True, pin_memory=pin_memory, prefetch_factor=prefetch,
+                worker_init_fn=_one_thread, collate_fn=_as_made)
+
+    def __len__(self) -> int:
+        """Batches of a whole epoch on this rank."""
+        return self.sampler.num_batches(self.local_batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start = self.sampler.position
+        index_batches = list(self.sampler.batches(self.local_batch_size))
+        self.sampler.set_position(start)
+        epoch = self.sampler.epoch
+        if self._loader is None:
+            made: Iterator[Any] = (fetch_batch(self.dataset, epoch, idx)
+                                   for idx in index_batches)
+        else:
+            self._keys.keys = [(epoch, idx) for idx in index_batches]
+            made = iter(self._loader)
+        for indices, batch in zip(index_batches, made):
+            if isinstance(batch, _Failure):
+                raise DataError(batch.message)
+            self.skipped.update(batch.skipped)
+            self.sampler.set_position(self.sampler.position + len(indices))
+            yield batch
+
+    def close(self) -> None:
+        """Stop the worker processes (they would also stop when this process ends)."""
+        if self._loader is not None:
+            iterator = getattr(self._loader, "_iterator", None)
+            if iterator is not None:
+                iterator._shutdown_workers()
+            self._loader = None
+
+    def __enter__(self) -> BatchLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_made(batch: Any) -> Any:
+    # A worker's item is a whole Batch already; torch's default would turn it into a list.
+    return batch
+
+
+def _one_thread(worker_id: int) -> None:
+    # A worker decodes one batch at a time; the rank's threads are for its training step.
+    torch.set_num_threads(1)

@@ -1,0 +1,108 @@
+"""`BatchLoader`: the same batches with or without worker processes, a sampler position that
+counts only what was handed out (exact resume with workers), data errors from a worker in one
+line, and no worker left behind (docs/design.md, contracts 3 and 9)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dptrain.data import ShardedSampler, load_digits
+from dptrain.data.config import DataConfig, load_split
+from dptrain.data.loader import BatchLoader
+from dptrain.errors import DataError
+from tests._images import write_digits_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return write_digits_folder(tmp_path_factory.mktemp("digits"), per_class=8)
+
+
+def _epochs(dataset, workers: int, epochs=(0, 1), rank: int = 1) -> list[tuple]:
+    sampler = ShardedSampler(dataset, rank=rank, world_size=2, seed=5)
+    with BatchLoader(dataset, sampler, 8, workers=workers) as loader:
+        out = []
+        for epoch in epochs:
+            sampler.set_epoch(epoch)
+            out += [(x.clone(), y.clone()) for x, y in loader]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["folder", "arrays"])
+def test_workers_never_change_a_batch(folder, kind):
+    if kind == "folder":
+        dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                             seed=1).train  # random crops and flips
+    else:
+        dataset = load_digits().train
+    alone, helped = _epochs(dataset, 0), _epochs(dataset, 2)
+    per_epoch = -(-len(dataset) // 2 // 8)  # this rank's half, in batches of 8
+    assert len(alone) == len(helped) == 2 * per_epoch
+    for (xa, ya), (xb, yb) in zip(alone, helped):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(alone[0][0], alone[5][0]), "each epoch is drawn anew"
+
+
+def test_the_position_counts_only_batches_handed_out(folder):
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                         seed=1).train
+    whole = _epochs(dataset, 2, epochs=(4,))
+    sampler = ShardedSampler(dataset, rank=1, world_size=2, seed=5)
+    sampler.set_epoch(4)
+    with BatchLoader(dataset, sampler, 8, workers=2, prefetch=4) as loader:
+        batches = iter(loader)
+        first = [next(batches) for _ in range(2)]  # the workers have made more than these
+        assert sampler.position == 16
+        state = sampler.state_dict()
+    resumed = ShardedSampler(dataset, rank=1, world_size=2, seed=5)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(4)
+    with BatchLoader(dataset, resumed, 8, workers=2) as loader:
+        rest = list(loader)
+    assert len(first) + len(rest) == len(whole)
+    for (xa, ya), (xb, yb) in zip([*first, *rest], whole):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_a_corrupt_image_met_by_a_worker_is_one_line_naming_it(folder, tmp_path):
+    root = Path(shutil.copytree(folder, tmp_path / "copy"))
+    bad = sorted((root / "train" / "digit6").glob("*.png"))[1]
+    bad.write_bytes(bad.read_bytes()[:50])
+    # mean and std given: no image is decoded before the workers meet the bad one
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{root}", image_size=16, mean="0.5",
+                                    std="0.3"), seed=1).train
+    sampler = ShardedSampler(dataset, rank=0, world_size=1, seed=5)
+    with pytest.raises(DataError) as info, BatchLoader(dataset, sampler, 8, workers=2) as loader:
+        list(loader)
+    assert str(info.value).startswith(f"{bad}: not a readable image")
+    assert "Traceback" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_closing_stops_every_worker(folder):
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                         seed=1).train
+    sampler = ShardedSampler(dataset, rank=0, world_size=1, seed=5)
+    loader = BatchLoader(dataset, sampler, 8, workers=2)
+    next(iter(loader))
+    assert len(multiprocessing.active_children()) >= 2
+    loader.close()
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipping_bad_images_leaves_them_out_and_names_them(folder, tmp_path, workers):
+    root = Path(shutil.copytree(folder, tmp_path / "copy"))
+    bad = sorted((root / "train" / "digit6").glob("*.png"))[1]
+    bad.write_bytes(bad.read_bytes()[:50])
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{root}", image_size=16,
+                                    bad_images="skip"), seed=1).train
+    sampler = ShardedSampler(dataset, rank=0, world_size=1, seed=5)
+    with BatchLoader(dataset, sampler, 8, workers=workers) as loader:
+        sizes = [len(y) for _, y in loader]
+    assert sum(sizes) == len(dataset) - 1 and sorted(sizes)[0] == 7
+    assert len(loader.skipped) == 1 and str(bad) in next(iter(loader.skipped))
