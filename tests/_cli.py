@@ -8,6 +8,7 @@ and SIGKILL to the whole session follows only after a grace period.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,3 +90,23 @@ def run(cmd: list[str], *, timeout_s: float = 120, env: dict[str, str] | None = 
         proc.stderr.close()
         raise
     return Completed(proc.returncode, out, err)
+
+
+def outcome_under_every_launcher(*args: str, mode: str = "sum") -> dict[str, tuple[str, str]]:
+    """(test error, parameter fingerprint) a TAGI example script prints on 2 processes under
+    `dptrain run`, torchrun and mpirun, by launcher (the example's own output lines)."""
+    outcomes = {}
+    for name, cmd in {
+        "dptrain run": dptrain_cmd("run", "-n", "2", *args),
+        "torchrun": [PYTHON, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node=2", *args],
+        "mpirun": mpirun_cmd(2, PYTHON, *args),
+    }.items():
+        result = run(cmd, timeout_s=120)
+        assert result.returncode == 0, (name, result.output)
+        error = re.search(rf"test error ([\d.]+) % \(2 rank\(s\), {mode} mode\)", result.stdout)
+        fingerprint = re.search(r"replicas identical on 2 rank\(s\); fingerprint (\w+)",
+                                result.stdout)
+        assert error and fingerprint, (name, result.output)
+        outcomes[name] = (error.group(1), fingerprint.group(1))
+    return outcomes
