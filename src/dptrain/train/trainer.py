@@ -30,6 +30,7 @@ from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
 from dptrain.train.progress import Progress
+from dptrain.train.writer import BackgroundWriter, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class TrainConfig:
     """DataLoader worker processes per rank that decode batches ahead of the step (0: the
     training process makes each batch when it needs it). Never changes a result."""
     progress: bool = True
+    async_checkpoints: bool = True
+    """Write checkpoints in a background thread: training pauses only to copy the state to
+    memory (dptrain.train.writer). False: write and publish before the next step."""
     fail_at: FailAt | None = None
     record: dict[str, Any] = field(default_factory=dict)
     """What built this run (the CLI's options), stored for the record."""
@@ -108,6 +112,13 @@ def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
     return out
 
 
+def _pause_stats(pauses: list[float]) -> dict[str, float | int]:
+    """How long checkpoints held training up on this rank: count, mean and longest, seconds."""
+    if not pauses:
+        return {"count": 0, "mean": 0.0, "max": 0.0}
+    return {"count": len(pauses), "mean": sum(pauses) / len(pauses), "max": max(pauses)}
+
+
 class Trainer:
     """Fit a learner on a split, data-parallel over the ranks of `runtime`."""
 
@@ -134,6 +145,10 @@ class Trainer:
         self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
+        self._writer = BackgroundWriter(enabled=config.async_checkpoints)
+        self.checkpoint_pauses: list[float] = []
+        """Seconds each checkpoint held this rank's training up (the write excluded when it
+        runs in the background)."""
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
@@ -148,6 +163,15 @@ class Trainer:
         The data loaders' worker processes end with it, however it ends."""
         try:
             return self._fit()
+        except BaseException:
+            # The write in flight is of a good state (a peer failing later does not change
+            # it): let it land, so a restart loses less; its own error would hide this one.
+            try:
+                self._writer.wait()
+            except BaseException as err:  # noqa: BLE001
+                log.warning("the checkpoint being written when the run failed was lost: %s",
+                            err)
+            raise
         finally:
             self.loader.close()
             self.eval_loader.close()
@@ -174,6 +198,7 @@ class Trainer:
             improved = self._end_epoch(train_means, test_means)
             self._save_checkpoint(epoch_done=True, is_best=improved)
             self.epoch += 1
+        self._writer.wait()  # the last checkpoint is published before the run says it is done
         summary = self._summary(time.perf_counter() - start, samples_seen, resumed_from)
         self._finish(summary)
         return summary
@@ -192,8 +217,7 @@ class Trainer:
             self.data_wait_s += time.perf_counter() - waited
             if batch is None:
                 break
-            if self.config.fail_at is not None:
-                self.config.fail_at.maybe_kill(self.rank, self.step)
+            self._maybe_fail()
             metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
             seen += len(batch[1]) * self.world_size
@@ -253,35 +277,68 @@ class Trainer:
 
     # -------------------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
-        """Collective: every rank contributes its RNG state and its learner part; rank 0
-        writes atomically."""
+        """Collective: every rank contributes its RNG state and its learner part; rank 0 copies
+        the state to memory and writes it in the background (`TrainConfig.async_checkpoints`),
+        publishing it atomically. A sharded learner writes its shards here, on every rank,
+        before anyone steps on (torch.distributed.checkpoint); rank 0 then checksums and
+        publishes them in the background too, as nothing touches those files any more."""
+        started = time.perf_counter()
         rng_states = dd.all_gather_object(rng.capture())
-        fail_at = self.config.fail_at
+        fail_at, step = self.config.fail_at, self.step  # the thread runs after steps moved on
         midway = None if fail_at is None else \
-            (lambda: fail_at.maybe_kill_in_checkpoint(self.rank, self.step))
+            (lambda: fail_at.maybe_kill_in_checkpoint(self.rank, step))
         if self.rank != 0 and midway is not None:
             midway()  # while rank 0 writes
         # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
         partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
+        if self.rank == 0:
+            # One write in flight at most; it must be done before `begin`, as its pruning
+            # removes stale temporary folders.
+            self._writer.wait()
         tmp = ckpt.begin(self.ckpt_dir, self.step) if self.rank == 0 else None
         tmp = Path(dd.broadcast_object(str(tmp)))
         learner_state = self.learner.save_checkpoint(tmp)
         if self.rank == 0:
             record = self._run_record()
-            state = {"learner": learner_state,
-                     "sampler": self.sampler.state_dict(), "rng": rng_states,
-                     "early_stopping": self.early.state_dict(), "history": self.history,
-                     "trainer": {"epoch": self.epoch, "step": self.step,
-                                 "epoch_done": epoch_done, "partial_sums": partial_sums}}
+            # Copies taken now: the live tensors change in the next steps, while the thread
+            # writes. Everything else is copied too, the history list included.
+            state = snapshot({"learner": learner_state,
+                              "sampler": self.sampler.state_dict(), "rng": rng_states,
+                              "early_stopping": self.early.state_dict(),
+                              "history": self.history,
+                              "trainer": {"epoch": self.epoch, "step": self.step,
+                                          "epoch_done": epoch_done,
+                                          "partial_sums": partial_sums}})
             meta = {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
                     "world_size": self.world_size, "config": self.config.to_json(),
                     "run_record": record, "sharded": record.get("sharded_checkpoint", False),
                     "saved_at": time.time()}
-            final = ckpt.commit(tmp, state, meta, midway=midway)
-            if is_best:
-                ckpt.copy_as_best(final, self.ckpt_dir)
-            ckpt.prune(self.ckpt_dir, self.config.keep_last)
-        dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
+            self._writer.submit(lambda: self._publish(tmp, state, meta, is_best, midway))
+        if not self.config.async_checkpoints:
+            dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
+        self.checkpoint_pauses.append(time.perf_counter() - started)
+
+    def _publish(self, tmp: Path, state: dict[str, Any], meta: dict[str, Any], is_best: bool,
+                 midway: Any) -> None:
+        """Rank 0, in the writer's thread: write, fsync, publish, copy as best, prune."""
+        final = ckpt.commit(tmp, state, meta, midway=midway)
+        if is_best:
+            ckpt.copy_as_best(final, self.ckpt_dir)
+        ckpt.prune(self.ckpt_dir, self.config.keep_last)
+
+    def _maybe_fail(self) -> None:
+        """Fault injection before the step about to run (`--fail-at RANK:STEP`)."""
+        fail_at = self.config.fail_at
+        if fail_at is None:
+            return
+        if fail_at.kill_due(self.step):
+            # A simulated crash comes once the job's checkpoints so far are on disk (every rank
+            # knows the point, so all wait here together): the next attempt resumes from the
+            # newest one, as it did with synchronous checkpoints. Crashes during a write are
+            # the RANK:ckpt:STEP points.
+            self._writer.wait()
+            dd.barrier()
+        fail_at.maybe_kill(self.rank, self.step)
 
     def _run_record(self) -> dict[str, Any]:
         """What defines this run: the Trainer's own part, the learner's and the caller's."""
@@ -341,6 +398,7 @@ class Trainer:
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
             "data_wait_s": self.data_wait_s,
+            "checkpoint_pause_s": _pause_stats(self.checkpoint_pauses),
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
