@@ -123,3 +123,4 @@ def test_the_trainer_steps_on_while_its_checkpoint_is_written(tmp_path):
     assert written.load_state()["learner"]["gate"] == {"gate": 7}
     assert summary["steps"] == 6 and ckpt.latest_valid(tmp_path / "checkpoints").step == 6
     assert summary["checkpoint_pause_s"]["count"] == 3  # steps 2 and 4, and the epoch's end
+    assert "dptrain-checkpoint" not in [t.name for t in threading.enumerate()]

@@ -160,7 +160,8 @@ class Trainer:
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
         """Train to the last epoch (or early stop) and return the summary (also summary.json).
-        The data loaders' worker processes end with it, however it ends."""
+        The data loaders' worker processes and the checkpoint writer's thread end with it,
+        however it ends."""
         try:
             return self._fit()
         except BaseException:
@@ -173,6 +174,7 @@ class Trainer:
                             err)
             raise
         finally:
+            self._writer.close()
             self.loader.close()
             self.eval_loader.close()
 
