@@ -58,6 +58,8 @@ def test_one_write_in_flight_in_order_and_errors_are_raised_later():
     with pytest.raises(OSError, match="No space left"):
         writer.wait()
     writer.wait()  # raised once
+    writer.close()
+    assert "dptrain-checkpoint" not in [t.name for t in threading.enumerate()]
     inline = BackgroundWriter(enabled=False)
     inline.submit(lambda: order.append("inline"))
     assert order[-1] == "inline" and not inline.busy
