@@ -72,9 +72,29 @@ def _roll_call() -> list[int] | None:
         return None
 
 
+_collective_s = 0.0
+
+
+def collective_seconds() -> float:
+    """Seconds this process has spent inside collectives so far: waiting for the other ranks
+    to arrive, plus the transfer itself. The Trainer takes differences of it around a step to
+    split the step into compute and waiting (dptrain.train.stragglers); a rank that makes the
+    others wait spends the least time here."""
+    return _collective_s
+
+
+def count_collective_seconds(seconds: float) -> None:
+    """Add the time of a collective that does not run through `guarded`: one that a library
+    runs inside its own call (DDP's gradient all-reduce, waited for at the end of backward)."""
+    global _collective_s
+    _collective_s += seconds
+
+
 def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
     """Run a collective; a failure becomes `RankFailure` naming this rank, the operation and,
-    when the rendezvous store can tell, the ranks that did not reach it."""
+    when the rendezvous store can tell, the ranks that did not reach it. Its time counts in
+    `collective_seconds`."""
+    started = time.perf_counter()
     try:
         return call()
     except (RuntimeError, dist.DistError) as err:
@@ -87,6 +107,8 @@ def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
         raise RankFailure(
             f"rank {get_rank()} of {get_world_size()}: {op} of {numel} element(s) failed: {err}\n"
             f"HINT: {culprit}") from err
+    finally:
+        count_collective_seconds(time.perf_counter() - started)
 
 
 def barrier() -> None:

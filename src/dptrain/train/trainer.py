@@ -30,6 +30,7 @@ from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
 from dptrain.train.progress import Progress
+from dptrain.train.stragglers import StepTimes
 from dptrain.train.writer import BackgroundWriter, snapshot
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,8 @@ class Trainer:
                                        workers=config.workers, pin_memory=pin)
         self.data_wait_s = 0.0
         """Seconds the training steps waited for their batches (not the evaluations)."""
+        self.step_times = StepTimes(self.rank, self.world_size, self._metric_device())
+        """Per-rank compute, wait and data time of the steps (ranks.csv; slow ranks named)."""
         self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
@@ -198,6 +201,7 @@ class Trainer:
             samples_seen += seen
             test_means = self._evaluate()
             improved = self._end_epoch(train_means, test_means)
+            self._log_step_times()
             self._save_checkpoint(epoch_done=True, is_best=improved)
             self.epoch += 1
         self._writer.wait()  # the last checkpoint is published before the run says it is done
@@ -216,12 +220,15 @@ class Trainer:
         while True:
             waited = time.perf_counter()
             batch = next(batches, None)
-            self.data_wait_s += time.perf_counter() - waited
+            fetched = time.perf_counter() - waited
+            self.data_wait_s += fetched
             if batch is None:
                 break
             self._maybe_fail()
+            self.step_times.begin_step()
             metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
+            self.step_times.end_step(self.step, fetched)
             seen += len(batch[1]) * self.world_size
             for name, (s, c) in metrics.items():
                 total = sums.get(name, (0.0, 0.0))
@@ -266,6 +273,18 @@ class Trainer:
             shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "epoch")
             dd.rank_zero_print(f"epoch {self.epoch + 1}/{self.config.num_epochs}  {shown}")
         return improved
+
+    def _log_step_times(self) -> None:
+        """Collective: every rank's mean step times of the epoch to ranks.csv and TensorBoard
+        (not epochs.csv, which must not change from run to run: dptrain.train.stragglers)."""
+        rows = self.step_times.epoch_rows(self.epoch + 1)
+        if self.rank != 0:
+            return
+        loggers.write_rank_times(Path(self.config.out_dir) / "ranks.csv", rows)
+        if self.tb is not None:
+            self.tb.log({"epoch": self.epoch + 1, "step": self.step,
+                         **{f"ranks_{part}_s_rank{row['rank']}": row[f"{part}_s"]
+                            for row in rows for part in ("compute", "wait", "data")}})
 
     # ------------------------------------------------------------------------------ helpers
     def _metric_device(self) -> torch.device:
@@ -401,6 +420,7 @@ class Trainer:
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
             "data_wait_s": self.data_wait_s,
             "checkpoint_pause_s": _pause_stats(self.checkpoint_pauses),
+            "slow_ranks": self.step_times.slow_ranks,
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
