@@ -86,5 +86,20 @@ def test_monitor_chooses_the_early_stopping_metric_and_its_direction(tmp_path, c
     capsys.readouterr()
     assert main(["train", "--nproc", "1", "--out", str(tmp_path / "bad"), "--no-progress",
                  "--epochs", "1", "--batch-size", "256", "--monitor", "test_accuracy"]) == 2
-    err = capsys.readouterr().err
-    assert "early stopping monitors 'test_accuracy'" in err and "test_error" in err
+    captured = capsys.readouterr()
+    assert "--monitor 'test_accuracy' is not a metric of this run (tagi-mlp on digits); it " \
+        "reports: test_ece, test_error, test_log_likelihood, train_error, " \
+        "train_log_likelihood" in captured.err
+    assert "epoch 1/1" not in captured.out  # refused before training
+
+
+def test_an_unknown_monitor_is_refused_before_any_worker_starts(tmp_path):
+    out = tmp_path / "bad"
+    result = run(dptrain_cmd("train", "--nproc", "2", "--model", "torch-mlp", "--out", str(out),
+                             "--monitor", "test_log_likelihood"), timeout_s=120)
+    assert result.returncode == 2, result.output
+    assert "--monitor 'test_log_likelihood' is not a metric of this run (torch-mlp on " \
+        "digits); it reports: test_ece, test_error, test_loss, train_error, train_loss" \
+        in result.stderr, result.output
+    assert "process(es)" not in result.stdout  # no worker said hello
+    assert not (out / "options.json").exists()

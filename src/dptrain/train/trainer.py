@@ -113,6 +113,12 @@ def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
     return out
 
 
+def metric_names(reported: Iterable[str], prefix: str) -> list[str]:
+    """The columns of epochs.csv that metrics reported as `reported` become (`train`/`test`
+    prefix, rmse from mse)."""
+    return list(_derived(dict.fromkeys(reported, 0.0), prefix))
+
+
 def _pause_stats(pauses: list[float]) -> dict[str, float | int]:
     """How long checkpoints held training up on this rank: count, mean and longest, seconds."""
     if not pauses:
