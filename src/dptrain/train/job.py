@@ -35,7 +35,7 @@ from dptrain.dist import (
     setup_logging,
 )
 from dptrain.dist.env import SINGLE
-from dptrain.dist.job import launcher_start_time, stamp
+from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError
 from dptrain.learners.build import create_learner, create_model
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -131,7 +131,10 @@ def run_training(options: TrainOptions, *, preflown: bool = False) -> dict[str, 
     if options.monitor and not preflown:
         check_monitor(options, load_job_split(options))
     with distributed(timeout=timedelta(seconds=options.timeout)) as runtime:
-        if not options.out:
+        if not options.out and os.environ.get(RUN_LABEL_ENV):
+            # A multi-node `dptrain train` without --out: its agents agreed on the label.
+            options = replace(options, out=run_dir(options, os.environ[RUN_LABEL_ENV]))
+        elif not options.out:
             # A launcher that names no job: rank 0 decides. Under torchrun its agent's start
             # time, which the restarted attempts share, so they find the directory again.
             started = launcher_start_time() if runtime.env.launcher == "torchrun" else None

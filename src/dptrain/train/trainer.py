@@ -23,7 +23,7 @@ import torch
 from dptrain import dist as dd
 from dptrain.data import ShardedSampler, Split, num_samples_per_rank
 from dptrain.data.loader import BatchLoader, fetch_batch
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, RankFailure
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import loggers, resume, rng
@@ -173,7 +173,9 @@ class Trainer:
         however it ends."""
         try:
             return self._fit()
-        except BaseException:
+        except BaseException as failure:
+            if isinstance(failure, RankFailure) and failure.step is None:
+                failure.step = self.step  # the launcher's one line names it
             # The write in flight is of a good state (a peer failing later does not change
             # it): let it land, so a restart loses less; its own error would hide this one.
             try:
