@@ -1,8 +1,8 @@
 """How long a checkpoint holds training up: written in the step (synchronous, as before issue
 21) against copied to memory at the step and written in the background (the default).
 
-    .venv/bin/python bench/checkpoint_pause.py            # writes bench/results/checkpoint_pause.json
-    .venv/bin/python bench/checkpoint_pause.py --quick    # one repeat, fewer images, no JSON
+    .venv/bin/python bench/checkpoint_pause.py          # bench/results/checkpoint_pause.json
+    .venv/bin/python bench/checkpoint_pause.py --quick  # one repeat, fewer images, no JSON
 
 For tagi-resnet18 and torch-resnet18 at --width 16 on synthetic CIFAR-10 files
 (dptrain.data.datasets.synthetic, the real reader), one process, the library's Trainer as
@@ -108,8 +108,9 @@ def main() -> None:
             figures["step_s_estimate"] = step_s
             record["models"][model] = figures
             print(f"{model} (width {args.width}, state {sync['state_bytes'] / 1e6:.1f} MB, "
-                  f"~{step_s * 1e3:.0f} ms/step): pause per checkpoint {sync['pause_median_s'] * 1e3:.0f} ms "
-                  f"synchronous, {asyn['pause_median_s'] * 1e3:.1f} ms asynchronous "
+                  f"~{step_s * 1e3:.0f} ms/step): pause per checkpoint "
+                  f"{sync['pause_median_s'] * 1e3:.0f} ms synchronous, "
+                  f"{asyn['pause_median_s'] * 1e3:.1f} ms asynchronous "
                   f"({figures['ratio_pause_sync_over_async']:.0f}x shorter; longest "
                   f"{sync['pause_max_s'] * 1e3:.0f} / {asyn['pause_max_s'] * 1e3:.1f} ms); "
                   f"epoch {sync['epoch_wall_median_s']:.1f} s / "

@@ -243,7 +243,8 @@ def _script_on_both(pair: TwoHosts, script: Path, port: int) -> list[list[str]]:
              "--max-restarts", "3", str(script)] for rank in (0, 1)]
 
 
-def test_nodes_that_restarted_unequally_often_meet_again_at_once(two_hosts, tmp_path):  # noqa: F811
+def test_nodes_that_restarted_unequally_often_meet_again_at_once(
+        two_hosts, tmp_path):  # noqa: F811
     """Issue 21: host b's worker fails twice before the rendezvous, so b's agent restarts twice
     while a's worker waits. With a static rendezvous the nodes used to meet under different
     attempts' keys and wait out the 90 s timeout, again and again. Now a's agent follows b to
@@ -268,7 +269,8 @@ def test_nodes_that_restarted_unequally_often_meet_again_at_once(two_hosts, tmp_
     assert len(labels) == 1, labels
 
 
-def test_an_expected_error_on_one_node_ends_the_other_node_at_once(two_hosts, tmp_path):  # noqa: F811
+def test_an_expected_error_on_one_node_ends_the_other_node_at_once(
+        two_hosts, tmp_path):  # noqa: F811
     """b's worker raises an expected error (not retried, restarts left or not); a's worker
     loses it and a's agent would restart and wait for b until the 90 s timeout. b's agent says
     in the store why it ended the job, and a ends too, with that line."""
