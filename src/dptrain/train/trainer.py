@@ -212,7 +212,10 @@ class Trainer:
             self._log_step_times()
             self._save_checkpoint(epoch_done=True, is_best=improved)
             self.epoch += 1
-        self._writer.wait()  # the last checkpoint is published before the run says it is done
+        # The last checkpoint is published before the run says it is done, on every rank (a
+        # caller may look for it as soon as fit() returns, on any rank).
+        self._writer.wait()
+        dd.barrier()
         summary = self._summary(time.perf_counter() - start, samples_seen, resumed_from)
         self._finish(summary)
         return summary
