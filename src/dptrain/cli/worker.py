@@ -44,8 +44,9 @@ def exit_without_teardown(code: int = 0) -> NoReturn:
 
 
 def is_expected(err: BaseException) -> bool:
-    """An error dptrain raised on purpose about the user's input: one line, no traceback.
-    `RankFailure` is not one: it follows from another rank's failure, whose traceback helps."""
+    """An error dptrain raised on purpose about the user's input: one line, no traceback, not
+    retried. `RankFailure` is not one: it follows from another rank's failure, and a restart
+    may well succeed (it is recorded for the launcher's line instead: exit_with_rank_failure)."""
     return isinstance(err, DptrainError) and not isinstance(err, RankFailure)
 
 
