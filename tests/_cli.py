@@ -53,7 +53,8 @@ def mpich_cmd(nproc: int, *args: str) -> list[str]:
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "OMPI_", "PMI",
-                                "SLURM_", "TORCHELASTIC_"))}
+                                "SLURM_", "TORCHELASTIC_", "DPTRAIN_ATTEMPT",
+                                "DPTRAIN_RUN_LABEL"))}
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", **extra)
     return env
 

@@ -32,6 +32,15 @@ class RankFailure(DptrainError, RuntimeError):
 
     exit_code = 5
 
+    def __init__(self, message: str, *, missing: list[int] | None = None,
+                 step: int | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing
+        """The ranks that did not report in after the failure, when the rendezvous store could
+        tell (dptrain.dist.collectives); None when unknown."""
+        self.step = step
+        """The global step at which the Trainer lost its peer (set by the Trainer), else None."""
+
 
 class NonFiniteLoss(DptrainError, FloatingPointError):
     """The loss was NaN or infinite on some rank; every rank stops before stepping."""

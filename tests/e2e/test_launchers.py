@@ -127,8 +127,8 @@ def test_a_rank_stopped_while_writing_its_error_file_is_restarted_not_a_crash(tm
     assert result.returncode == 0, result.output
     assert "dptrain run: rank 1 ended (exit code -15) while writing its error file " \
         in result.stderr, result.stderr
-    assert "dptrain run: rank 0 failed (exit code -9); restarting every worker (1 restart(s) " \
-        "left)" in result.stderr, result.stderr
+    assert "dptrain run: rank 0 failed (exit code -9, SIGKILL); restarting every worker (1 " \
+        "restart(s) left)" in result.stderr, result.stderr
     assert sorted(line for line in result.stdout.splitlines() if "done" in line) == \
         ["rank 0: attempt 1 done", "rank 1: attempt 1 done"], result.output
 

@@ -36,7 +36,8 @@ def node_env() -> dict[str, str]:
 class Nodes:
     """One command per host, started together; output to files so no pipe can block."""
 
-    def __init__(self, pair: TwoHosts, argvs: list[list[str]], logdir: Path):
+    def __init__(self, pair: TwoHosts, argvs: list[list[str]], logdir: Path,
+                 stagger_s: float = 0.0):
         self.pair = pair
         self.logs = [logdir / f"node{i}.log" for i in range(2)]
         self.procs = []
@@ -44,6 +45,7 @@ class Nodes:
             with open(log, "w") as out:
                 self.procs.append(subprocess.Popen(host.cmd(*argv), cwd=REPO, env=node_env(),
                                                    stdout=out, stderr=subprocess.STDOUT))
+            time.sleep(stagger_s)
 
     def output(self, i: int) -> str:
         return self.logs[i].read_text()
@@ -157,6 +159,13 @@ def test_dptrain_train_across_two_hosts_resumes_bit_exactly_after_a_kill(
     assert nodes.wait(120) == [0, 0], nodes.output(0) + nodes.output(1)
     assert "[rank 1] fault injection (attempt 0): SIGKILL at step 12" in nodes.output(1)
     assert "resumed from" in nodes.output(0) + nodes.output(1)
+    # One line per node: the killed rank on b, the step at which rank 0 lost it on a; no
+    # traceback of the survivor.
+    assert "dptrain train: rank 1 failed (exit code -9, SIGKILL); restarting every worker (1 " \
+        "restart(s) left)" in nodes.output(1)
+    assert "dptrain train: rank 0 lost rank(s) 1 at step 12 (exit code 5); restarting every " \
+        "worker (1 restart(s) left)" in nodes.output(0), nodes.output(0)
+    assert "Traceback" not in nodes.output(0) + nodes.output(1)
     assert not list(mount_point.iterdir()), "the hosts' disks stay their own"
     assert list((disks[0] / "run" / "checkpoints").glob("step-*"))
     assert not (disks[1] / "run" / "checkpoints").exists() or \
@@ -194,3 +203,85 @@ def test_a_node_whose_peer_vanished_exits_within_the_timeout(two_hosts, tmp_path
     assert "dptrain train: rank 1 failed first" in out_b, out_b
     assert "RankFailure: rank 1 of 2:" in out_b and "failed" in out_b, out_b
     assert took < 5 * timeout_s, f"node b took {took:.1f} s to give up\n{out_b}"
+
+
+# Rank 1 (host b) dies before the process group in its node's first two attempts; rank 0 would
+# wait at the rendezvous until the timeout. Each rank prints the job's attempt and run label.
+FLAKY = """
+import os, sys
+from datetime import timedelta
+rank, mine = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print(f"rank {rank}: attempt {os.environ['DPTRAIN_ATTEMPT']} (this node's {mine}), label "
+      f"{os.environ['DPTRAIN_RUN_LABEL']}", flush=True)
+if rank == 1 and mine < 2:
+    sys.exit(3)
+import torch
+from dptrain.dist import all_reduce_flat, init_distributed
+init_distributed(timeout=timedelta(seconds=90))
+t = torch.ones(1)
+all_reduce_flat([t])
+print(f"rank {rank}: sum {t.item():g}", flush=True)
+"""
+
+# Rank 1 raises an expected error (not retried) while rank 0 waits in a collective.
+EXPECTED = """
+import os
+from datetime import timedelta
+import torch
+from dptrain.dist import all_reduce_flat, init_distributed
+from dptrain.errors import ConfigError
+init_distributed(timeout=timedelta(seconds=90))
+if os.environ["RANK"] == "1":
+    raise ConfigError("--widget must be positive, got -1")
+all_reduce_flat([torch.ones(1)])
+"""
+
+
+def _script_on_both(pair: TwoHosts, script: Path, port: int) -> list[list[str]]:
+    return [[PYTHON, "-m", "dptrain", "run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(rank), "--rdzv-endpoint", _endpoint(pair.a, port),
+             "--max-restarts", "3", str(script)] for rank in (0, 1)]
+
+
+def test_nodes_that_restarted_unequally_often_meet_again_at_once(
+        two_hosts, tmp_path):  # noqa: F811
+    """Issue 21: host b's worker fails twice before the rendezvous, so b's agent restarts twice
+    while a's worker waits. With a static rendezvous the nodes used to meet under different
+    attempts' keys and wait out the 90 s timeout, again and again. Now a's agent follows b to
+    the job's attempt 2 and the all-reduce runs long before any timeout. b starts 1.5 s after
+    a, and both read the same run label (a multi-node run without --out names its directory
+    after it): the first agent's clock, not each node's."""
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    start = time.monotonic()
+    nodes = Nodes(two_hosts, _script_on_both(two_hosts, script, 29431), tmp_path, stagger_s=1.5)
+    assert nodes.wait(150) == [0, 0], nodes.output(0) + nodes.output(1)
+    took = time.monotonic() - start
+    a, b = nodes.output(0), nodes.output(1)
+    assert took < 80, f"{took:.0f} s: waited for a timeout?\n{a}\n{b}"
+    assert "rank 0: attempt 2 (this node's 2)" in a and "rank 1: attempt 2 (this node's 2)" in b
+    assert "rank 0: sum 2" in a and "rank 1: sum 2" in b
+    assert "dptrain run: node 0: another node restarted the job (attempt 1); restarting this " \
+        "node's workers to join it" in a, a
+    assert "dptrain run: rank 1 failed (exit code 3); restarting every worker (3 restart(s) " \
+        "left)" in b, b
+    labels = {line.rsplit("label ", 1)[1] for line in (a + b).splitlines() if "label " in line}
+    assert len(labels) == 1, labels
+
+
+def test_an_expected_error_on_one_node_ends_the_other_node_at_once(
+        two_hosts, tmp_path):  # noqa: F811
+    """b's worker raises an expected error (not retried, restarts left or not); a's worker
+    loses it and a's agent would restart and wait for b until the 90 s timeout. b's agent says
+    in the store why it ended the job, and a ends too, with that line."""
+    script = tmp_path / "expected.py"
+    script.write_text(EXPECTED)
+    start = time.monotonic()
+    nodes = Nodes(two_hosts, _script_on_both(two_hosts, script, 29432), tmp_path)
+    codes = nodes.wait(150)
+    took = time.monotonic() - start
+    a, b = nodes.output(0), nodes.output(1)
+    assert codes == [1, 2], a + b
+    assert "dptrain run: error: rank 1: --widget must be positive, got -1" in b, b
+    assert "dptrain run: node 1 ended the job: rank 1: --widget must be positive, got -1" in a, a
+    assert took < 60, f"{took:.0f} s\n{a}\n{b}"

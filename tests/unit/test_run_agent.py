@@ -71,6 +71,15 @@ def _signal_handlers():
         signal.signal(getattr(signal, name), handler)
 
 
+@pytest.fixture(autouse=True)
+def _agent_environment(monkeypatch):
+    """The agent hands DPTRAIN_ATTEMPT and DPTRAIN_RUN_LABEL to its workers through this
+    process's environment: put it back as it was."""
+    for name in ("DPTRAIN_ATTEMPT", "DPTRAIN_RUN_LABEL"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 def _agent(tmp_path: Path, nproc: int, max_restarts: int = 3, port: int = 0):
     spec = WorkerSpec(role="trainer", local_world_size=nproc, entrypoint=sys.executable,
                       rdzv_handler=StaticTCPRendezvous("localhost", port, 0, 1, "t", 30),

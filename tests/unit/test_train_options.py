@@ -39,6 +39,23 @@ def test_the_run_directory_is_named_after_model_dataset_and_job_or_time():
     # torchrun's default run id "none" names no job: rank 0 decides once the group runs.
     static = {**torchrun, "TORCHELASTIC_RUN_ID": "none"}
     assert with_run_dir(_options(), resolve_env(static), static).out == ""
+    # Several nodes started here: no node's own clock, the agents agree on one label.
+    assert with_run_dir(_options("--nnodes", "2", "--rdzv-endpoint", "h:1"), single).out == ""
+
+
+def test_a_job_label_agreed_by_the_agents_names_the_run_directory(tmp_path, monkeypatch):
+    """What every worker of a multi-node `dptrain train` without --out does with the label its
+    agents agreed on (DPTRAIN_RUN_LABEL): the same directory on every node."""
+    from dptrain.dist.job import RUN_LABEL_ENV
+    from dptrain.train.job import run_training
+    from dptrain.train.options import TrainOptions
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUN_LABEL_ENV, "20260102-030405")
+    summary = run_training(TrainOptions(nproc=1, epochs=1, hidden=8, batch_size=256,
+                                        progress=False))
+    assert summary["run_dir"] == "runs/tagi-mlp-digits-20260102-030405"
+    assert (tmp_path / summary["run_dir"] / "summary.json").is_file()
 
 
 @pytest.mark.parametrize("launcher,environ,expected", [

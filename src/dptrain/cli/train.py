@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tempfile
 import tomllib
 from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
@@ -138,11 +140,12 @@ def with_run_dir(options: TrainOptions, env: DistEnv,
                  environ: dict[str, str] | None = None) -> TrainOptions:
     """`options` with its run directory: --out when given; under a launcher the job's id when
     it names one (a restarted attempt finds the directory again), else "" for rank 0 to decide
-    once the processes run; started here, the time now."""
+    once the processes run; started here on one node, the time now; on several nodes "": their
+    agents agree on one label (each node's clock would name another directory)."""
     if options.out:
         return options
     if env.launcher == "single":
-        return replace(options, out=run_dir(options, stamp()))
+        return replace(options, out=run_dir(options, stamp()) if options.nnodes == 1 else "")
     job = job_id(env.launcher, environ)
     return replace(options, out=run_dir(options, job) if job else "")
 
@@ -178,14 +181,21 @@ def train_command(args: argparse.Namespace) -> int:
         # Already one of the launcher's processes (torchrun, mpirun, srun), or one is enough.
         run_training(options)
         return 0
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    options_file = out / "options.json"
+    if options.out:
+        out = Path(options.out)
+        out.mkdir(parents=True, exist_ok=True)
+        options_file = out / "options.json"
+    else:  # the nodes' agents name the directory: the options wait elsewhere until then
+        options_file = Path(tempfile.mkdtemp(prefix="dptrain-options-")) / "options.json"
     options_file.write_text(options.to_json())
     rendezvous = rendezvous_argv(options.nnodes,
                                  None if options.node_rank < 0 else options.node_rank,
                                  options.rdzv_endpoint or None, options.rdzv_id)
     argv = [f"--nproc-per-node={options.nproc}", f"--max-restarts={options.max_restarts}",
             *rendezvous, "-m", "dptrain.cli.train_worker", str(options_file)]
-    return launch(argv, options.nproc, command="train",
-                  rdzv_endpoint=options.rdzv_endpoint or None, nnodes=options.nnodes)
+    try:
+        return launch(argv, options.nproc, command="train",
+                      rdzv_endpoint=options.rdzv_endpoint or None, nnodes=options.nnodes)
+    finally:
+        if not options.out:
+            shutil.rmtree(options_file.parent, ignore_errors=True)

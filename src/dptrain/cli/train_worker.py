@@ -12,7 +12,8 @@ from dptrain.train.options import TrainOptions
 
 def main() -> None:
     options = TrainOptions.from_json(Path(sys.argv[1]).read_text())
-    run_as_worker(lambda: run_training(options), "train")
+    # `dptrain train` ran the preflight before it started this worker
+    run_as_worker(lambda: run_training(options, preflown=True), "train")
 
 
 if __name__ == "__main__":

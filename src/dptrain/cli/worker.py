@@ -4,15 +4,22 @@
 failure report names the rank *and* shows its error. An expected error (`DptrainError` other
 than `RankFailure`: a bad option, dataset or checkpoint) is recorded without a traceback and
 ends the process with the error's own exit status, so the launcher prints it once, as one line.
+A `RankFailure` (this rank lost a peer: it follows from another rank's failure) is recorded
+with the step and the missing ranks and nothing is printed: the launcher names the lost rank
+and the step in one line for the whole job (dptrain.cli.run). Under other launchers each of
+these is one line on stderr.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import runpy
 import signal
 import sys
+import time
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -37,8 +44,9 @@ def exit_without_teardown(code: int = 0) -> NoReturn:
 
 
 def is_expected(err: BaseException) -> bool:
-    """An error dptrain raised on purpose about the user's input: one line, no traceback.
-    `RankFailure` is not one: it follows from another rank's failure, whose traceback helps."""
+    """An error dptrain raised on purpose about the user's input: one line, no traceback, not
+    retried. `RankFailure` is not one: it follows from another rank's failure, and a restart
+    may well succeed (it is recorded for the launcher's line instead: exit_with_rank_failure)."""
     return isinstance(err, DptrainError) and not isinstance(err, RankFailure)
 
 
@@ -50,6 +58,33 @@ def exit_with_expected_error(err: DptrainError, command: str) -> NoReturn:
     else:
         rank = os.environ.get("RANK", "?")
         print(f"dptrain {command}: error: rank {rank}: {err}", file=sys.stderr)
+    exit_without_teardown(err.exit_code)
+
+
+def rank_failure_record(err: RankFailure) -> dict:
+    """`err` in the format of torch's error files, the traceback kept, plus what the
+    launcher's one line needs (`extraInfo.dptrain`: the step, the missing ranks)."""
+    return {"message": {"message": f"{type(err).__name__}: {err}", "extraInfo": {
+        "py_callstack": "".join(traceback.format_exception(err)),
+        "timestamp": str(int(time.time())),
+        "dptrain": {"step": err.step, "missing": err.missing}}}}
+
+
+def exit_with_rank_failure(err: RankFailure, command: str) -> NoReturn:
+    """Record a lost peer for the launcher without a word on stderr (each survivor would
+    print the same traceback), or print one line where no dptrain launcher reads records;
+    leave with RankFailure's status."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if os.environ.get(LAUNCHER_REPORTS) and path:
+        # Atomically: a record half-written when the agent stops this rank is unreadable.
+        with open(f"{path}.tmp", "w") as fp:
+            json.dump(rank_failure_record(err), fp)
+        os.replace(f"{path}.tmp", path)
+    else:
+        rank = os.environ.get("RANK", "?")
+        at = "" if err.step is None else f" at step {err.step}"
+        print(f"dptrain {command}: error: rank {rank}{at}: {str(err).splitlines()[0]}",
+              file=sys.stderr)
     exit_without_teardown(err.exit_code)
 
 
@@ -70,6 +105,8 @@ def run_as_worker(body: Callable[[], object], command: str) -> NoReturn:
 def _run_expecting(body: Callable[[], object], command: str) -> None:
     try:
         body()
+    except RankFailure as err:
+        exit_with_rank_failure(err, command)
     except DptrainError as err:
         if not is_expected(err):
             raise

@@ -15,6 +15,8 @@ from dptrain.dist.collectives import (
     barrier,
     broadcast_object,
     broadcast_tensors,
+    collective_seconds,
+    count_collective_seconds,
     get_rank,
     get_world_size,
     is_initialized,
@@ -35,7 +37,8 @@ from dptrain.dist.rank_zero import rank_zero_print, setup_logging
 
 __all__ = [
     "DDPConfig", "DistEnv", "Runtime", "all_gather_object", "all_reduce_flat", "barrier",
-    "broadcast_object", "broadcast_tensors", "choose_backend", "distributed", "expand_hostlist",
+    "broadcast_object", "broadcast_tensors", "choose_backend", "collective_seconds",
+    "count_collective_seconds", "distributed", "expand_hostlist",
     "get_rank", "get_world_size", "init_distributed", "is_initialized", "is_main_process", "means",
     "rank_zero_print", "reduce_sum_count", "resolve_env", "setup_logging", "shutdown_distributed",
 ]

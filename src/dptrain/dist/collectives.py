@@ -7,6 +7,8 @@ out) is raised as `RankFailure` naming this rank, the operation and its size.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +40,24 @@ def is_main_process() -> bool:
 
 ROLL_CALL_S = 3.0
 """How long a rank whose collective failed waits for the others to report in."""
+ROLL_CALL_ENV = "DPTRAIN_ROLL_CALL"
+"""Set to "off" by `dptrain run`/`train` for a one-node job: its agent watches every rank and
+names the one that died, so a survivor has nothing to wait for and reports at once."""
+
+
+def _store_reachable(store: Any, timeout_s: float = 1.0) -> bool:
+    """Whether the TCP store under `store` (prefixes unwrapped) still accepts a connection:
+    False when its host (rank 0, or the node serving the rendezvous) is gone. A store that is
+    not a TCPStore is assumed reachable."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if not isinstance(store, dist.TCPStore):
+        return True
+    try:
+        socket.create_connection((store.host, store.port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def _missing_ranks() -> list[int] | None:
@@ -59,6 +79,8 @@ def _roll_call() -> list[int] | None:
     each one reports in while it looks for the others."""
     try:
         store = dist.distributed_c10d._get_default_store()
+        if not _store_reachable(store):
+            return None  # asked anyway, the store's C++ client prints a trace to stderr
         rank, world_size = get_rank(), get_world_size()
         store.set(f"dptrain/alive/{rank}", "1")
         keys = [f"dptrain/alive/{r}" for r in range(world_size)]
@@ -72,13 +94,33 @@ def _roll_call() -> list[int] | None:
         return None
 
 
+_collective_s = 0.0
+
+
+def collective_seconds() -> float:
+    """Seconds this process has spent inside collectives so far: waiting for the other ranks
+    to arrive, plus the transfer itself. The Trainer takes differences of it around a step to
+    split the step into compute and waiting (dptrain.train.stragglers); a rank that makes the
+    others wait spends the least time here."""
+    return _collective_s
+
+
+def count_collective_seconds(seconds: float) -> None:
+    """Add the time of a collective that does not run through `guarded`: one that a library
+    runs inside its own call (DDP's gradient all-reduce, waited for at the end of backward)."""
+    global _collective_s
+    _collective_s += seconds
+
+
 def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
     """Run a collective; a failure becomes `RankFailure` naming this rank, the operation and,
-    when the rendezvous store can tell, the ranks that did not reach it."""
+    when the rendezvous store can tell, the ranks that did not reach it. Its time counts in
+    `collective_seconds`."""
+    started = time.perf_counter()
     try:
         return call()
     except (RuntimeError, dist.DistError) as err:
-        missing = _missing_ranks()
+        missing = None if os.environ.get(ROLL_CALL_ENV) == "off" else _missing_ranks()
         culprit = (f"rank(s) {missing} did not reach it (no sign of life within "
                    f"{ROLL_CALL_S:g} s): they raised, died or hang elsewhere; their own output "
                    f"names the cause" if missing else
@@ -86,7 +128,9 @@ def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
                    "names the cause")
         raise RankFailure(
             f"rank {get_rank()} of {get_world_size()}: {op} of {numel} element(s) failed: {err}\n"
-            f"HINT: {culprit}") from err
+            f"HINT: {culprit}", missing=missing or None) from err
+    finally:
+        count_collective_seconds(time.perf_counter() - started)
 
 
 def barrier() -> None:

@@ -6,6 +6,8 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -14,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dptrain.dist.env import DistEnv, resolve_env
+from dptrain.dist.job import attempt as job_attempt
 from dptrain.dist.netif import export_interface
 from dptrain.dist.threads import env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError, RankFailure
@@ -93,10 +96,28 @@ def _attempt_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = job_attempt()  # the job's under dptrain's agents: a node's own count can lag
     store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
                           timeout=timeout)
     return dist.PrefixStore(f"dptrain/attempt-{attempt}", store)
+
+
+def _wait_for_the_store(env: DistEnv, timeout: timedelta) -> None:
+    """Until rank 0's rendezvous store accepts a connection, or `TimeoutError` after `timeout`.
+    Waited for here, in Python: torch's C++ client, left to wait for a store that never comes,
+    prints a stack trace at every retry before the error."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((env.master_addr, env.master_port),
+                                     timeout=max(0.1, min(1.0, left))).close()
+            return
+        except OSError as err:
+            if left <= 0:
+                raise TimeoutError(f"nothing answered at {env.master_addr}:{env.master_port} "
+                                   f"({err})") from err
+        time.sleep(min(0.1, max(0.0, left)))
 
 
 def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
@@ -129,17 +150,23 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
         choice = export_interface(env.master_addr, env.master_port,
                                   multi_node=env.local_world_size < env.world_size)
         log.info("rank %d: network interface %s: %s", env.rank, choice.name, choice.reason)
+    def failure(err: object) -> RankFailure:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return RankFailure(
+            f"rank {env.rank}: could not start the {chosen} process group of {env.world_size} "
+            f"ranks at {env.master_addr}:{env.master_port} ({env.launcher}) within {timeout}: "
+            f"{first}; check that every rank was started, that they share MASTER_ADDR and "
+            f"MASTER_PORT, and that the port is free and reachable")
+
     try:
         store = _attempt_store(env, timeout)
+        if store is None and env.rank != 0:
+            _wait_for_the_store(env, timeout)
         where = {"store": store} if store is not None else {"init_method": _init_method(env)}
         dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout, **where)
-    except (RuntimeError, dist.DistError) as err:
-        raise RankFailure(
-            f"rank {env.rank}: could not start the {chosen} process group of {env.world_size} "
-            f"ranks at {env.master_addr}:{env.master_port} ({env.launcher}) within {timeout}: "
-            f"{err}\nHINT: check that every rank was started, that they share MASTER_ADDR and "
-            f"MASTER_PORT, and that the port is free and reachable") from err
+    except (RuntimeError, dist.DistError, TimeoutError) as err:
+        raise failure(err) from err
     # A script that never destroys the group leaves it to interpreter teardown, where gloo's and
     # the store's threads can die in the wrong order ("terminate called", SIGABRT at exit).
     atexit.register(shutdown_distributed)

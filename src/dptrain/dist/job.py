@@ -20,6 +20,23 @@ _IDS: dict[str, tuple[str, ...]] = {
     "mpich": ("PMI_KVSNAME",),
 }
 _SLURM = ("SLURM_JOB_ID",)
+
+ATTEMPT_ENV = "DPTRAIN_ATTEMPT"
+"""Set by `dptrain run`/`train`'s agents with a static rendezvous: the job's attempt, agreed by
+every node (a node's own TORCHELASTIC_RESTART_COUNT can lag behind another's)."""
+RUN_LABEL_ENV = "DPTRAIN_RUN_LABEL"
+"""Set by `dptrain run`/`train`'s agents: a label every node agreed on (the first agent's start
+time), naming the run directory of a multi-node job without --out."""
+
+
+def attempt(environ: Mapping[str, str] | None = None) -> int:
+    """Which attempt of the job this process belongs to: 0, then 1 after the first restart..."""
+    environ = os.environ if environ is None else environ
+    for name in (ATTEMPT_ENV, "TORCHELASTIC_RESTART_COUNT"):
+        value = environ.get(name, "").strip()
+        if value:
+            return int(value)
+    return 0
 _NO_ID = {"", "none"}  # torchrun's default --rdzv-id (a static rendezvous) names no job
 
 

@@ -26,6 +26,7 @@ import copy
 import inspect
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -43,6 +44,7 @@ from dptrain.dist import (
     all_reduce_flat,
     barrier,
     broadcast_tensors,
+    count_collective_seconds,
     get_rank,
     get_world_size,
     is_initialized,
@@ -122,6 +124,7 @@ class TorchLearner:
         self.num_optimizer_steps = 0
         self._distributed = False
         self._replicated_buffers: list[torch.Tensor] = []
+        self._last_grad_at = 0.0
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     @classmethod
@@ -172,6 +175,13 @@ class TorchLearner:
             module = convert_sync_batchnorm(module, device)
         self._module = module
         self._wrapped = self._fsdp_wrap(module) if self.is_sharded else self._ddp_wrap(module)
+        if self._distributed and not self.is_sharded:
+            # DDP all-reduces the gradients inside backward and waits for them at its end: the
+            # time from this rank's last gradient to backward's return is time spent on the
+            # other ranks (and the transfer), counted as such (dist.collective_seconds).
+            for param in module.parameters():
+                if param.requires_grad:
+                    param.register_post_accumulate_grad_hook(self._grad_ready)
         self._replicated_buffers = [b for m in module.modules()
                                     if not isinstance(m, _GLOBAL_BATCHNORMS)
                                     for b in m.buffers(recurse=False)]
@@ -253,6 +263,8 @@ class TorchLearner:
                     loss = self._loss(out, yi)
                 share = xi.shape[0] / n
                 self._backward(loss if k == 1 else loss * share)
+                if i == k - 1 and self._distributed and not self.is_sharded:
+                    count_collective_seconds(max(0.0, time.perf_counter() - self._last_grad_at))
             stats = self._batch_stats(out, loss, yi)
             totals = stats if totals is None else totals + stats
         loss_sum, metric_sum = totals.tolist()  # the step's one host sync
@@ -337,6 +349,9 @@ class TorchLearner:
             raise ValueError(f"regression: model output {tuple(out.shape)} and targets "
                              f"{tuple(y.shape)} differ in shape; the loss would broadcast them")
         return self.loss_fn(out, y)
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        self._last_grad_at = time.perf_counter()
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

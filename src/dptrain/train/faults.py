@@ -10,6 +10,10 @@ the last point runs undisturbed. A point is
                      STEP (rank 0: its state written, not yet published)
 
 so `--fail-at 1:37,0:ckpt:90 --max-restarts 2` dies twice and must resume exactly each time.
+Checkpoints are written in the background (dptrain.train.writer): before a RANK:STEP kill the job
+lets the write in flight finish, so the attempt after it resumes from the newest checkpoint
+before STEP, as a crash at a quiet moment would; RANK:ckpt:STEP kills rank 0 inside that
+background write.
 Points should not go backwards: an attempt resumes at its last checkpoint, at or before the
 previous point's step, and a point before that is never reached.
 """
@@ -20,6 +24,7 @@ import os
 import signal
 from dataclasses import dataclass
 
+from dptrain.dist.job import attempt as job_attempt
 from dptrain.errors import ConfigError
 
 ENV_VAR = "DPTRAIN_FAIL_AT"
@@ -47,8 +52,9 @@ def _point(text: str, spec: str) -> FaultPoint:
 
 
 def attempt() -> int:
-    """Which attempt of the job this is: 0, then 1 after torchrun's first restart, ..."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """Which attempt of the job this is: 0, then 1 after torchrun's first restart, ...; the
+    job's, agreed by every node, under dptrain's agents (dptrain.dist.job.attempt)."""
+    return job_attempt()
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,12 @@ class FailAt:
     def _current(self) -> FaultPoint | None:
         n = attempt()
         return self.points[n] if n < len(self.points) else None
+
+    def kill_due(self, step: int) -> bool:
+        """Whether some rank dies before global step `step` in this attempt (every rank can
+        tell, as every rank holds the same points)."""
+        point = self._current()
+        return point is not None and not point.in_checkpoint and point.step == step
 
     def maybe_kill(self, rank: int, step: int) -> None:
         """Before global step `step`: die if this attempt's point is (rank, step)."""

@@ -25,22 +25,25 @@ import torch
 from dptrain import dist as dd
 from dptrain.data import Split
 from dptrain.data.config import DataConfig, load_split, resolve_workers
+from dptrain.data.loader import fetch_batch
 from dptrain.dist import (
     Runtime,
     broadcast_object,
     distributed,
     get_rank,
+    means,
     rank_zero_print,
     setup_logging,
 )
-from dptrain.dist.job import launcher_start_time, stamp
-from dptrain.errors import DataError
+from dptrain.dist.env import SINGLE
+from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
+from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import create_learner, create_model
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train.options import TrainOptions, run_record
-from dptrain.train.trainer import TrainConfig, Trainer
+from dptrain.train.trainer import TrainConfig, Trainer, metric_names
 
 
 def run_dir(options: TrainOptions, label: str) -> str:
@@ -66,16 +69,51 @@ def load_job_split(options: TrainOptions) -> Split:
 
 
 def preflight(options: TrainOptions) -> None:
-    """Load the data and build the model once, so that bad input fails before workers start."""
-    create_model(options.part(ModelConfig), load_job_split(options), seed=options.seed,
-                 dataset=options.dataset)
+    """Load the data and build the model once, so that bad input fails before workers start;
+    an unknown --monitor too."""
+    split = load_job_split(options)
+    create_model(options.part(ModelConfig), split, seed=options.seed, dataset=options.dataset)
+    check_monitor(options, split)
+
+
+def default_monitor(task: str) -> str:
+    return "test_error" if task == "classification" else "test_rmse"
+
+
+def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
+    """The metric names a run with `options` reports each epoch (epochs.csv's columns but
+    epoch and step): what the learner it builds reports, found by asking it, not by a list
+    kept in step with it by hand. One training step and one evaluation on a few samples, on
+    this process's CPU, with no process group, on a learner made for the purpose."""
+    model = options.part(ModelConfig)
+    if model.precision == "fp16":  # needs CUDA; the metrics are those of float32
+        model = replace(model, precision="32")
+    learner = create_learner(model, options.part(LearnerConfig), split, seed=options.seed,
+                             dataset=options.dataset)
+    learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+    # Two samples at least: BatchNorm needs two values per channel to train.
+    train = learner.train_step(fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
+    tested = learner.eval_step(fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
+    names = [*metric_names(train, "train"),
+             *metric_names(learner.end_evaluation(means(tested)), "test")]
+    return sorted(set(names))
+
+
+def check_monitor(options: TrainOptions, split: Split) -> None:
+    """A --monitor the run does not report is refused in one line that lists those it does."""
+    if not options.monitor or options.monitor == default_monitor(split.task):
+        return
+    names = reported_metrics(options, split)
+    if options.monitor not in names:
+        raise ConfigError(f"--monitor {options.monitor!r} is not a metric of this run "
+                          f"({options.model} on {options.dataset}); it reports: "
+                          f"{', '.join(names)}")
 
 
 def train_config(options: TrainOptions, split: Split) -> TrainConfig:
     """The Trainer's config: the options, with the monitored metric the task implies."""
     fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
-    monitor = options.monitor or ("test_error" if split.task == "classification"
-                                  else "test_rmse")
+    monitor = options.monitor or default_monitor(split.task)
     return TrainConfig(
         out_dir=Path(options.out), num_epochs=options.epochs,
         global_batch_size=options.batch_size, seed=options.seed,
@@ -88,10 +126,17 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
         workers=resolve_workers(options.part(DataConfig), split, torch.get_num_threads()))
 
 
-def run_training(options: TrainOptions) -> dict[str, Any]:
-    """Join the job's process group, train, and return the summary (every process)."""
+def run_training(options: TrainOptions, *, preflown: bool = False) -> dict[str, Any]:
+    """Join the job's process group, train, and return the summary (every process).
+    `preflown`: the launcher ran `preflight` (dptrain train's own workers); else an unknown
+    --monitor is refused here, before the process group starts."""
+    if options.monitor and not preflown:
+        check_monitor(options, load_job_split(options))
     with distributed(timeout=timedelta(seconds=options.timeout)) as runtime:
-        if not options.out:
+        if not options.out and os.environ.get(RUN_LABEL_ENV):
+            # A multi-node `dptrain train` without --out: its agents agreed on the label.
+            options = replace(options, out=run_dir(options, os.environ[RUN_LABEL_ENV]))
+        elif not options.out:
             # A launcher that names no job: rank 0 decides. Under torchrun its agent's start
             # time, which the restarted attempts share, so they find the directory again.
             started = launcher_start_time() if runtime.env.launcher == "torchrun" else None

@@ -1,7 +1,9 @@
-"""Run-directory outputs: a CSV of every epoch, TensorBoard events when available, learning curves.
+"""Run-directory outputs: a CSV of every epoch, one of every rank's step times, TensorBoard events
+when available, learning curves.
 
-Only rank 0 creates these. The CSV is rewritten whole from the history at every epoch, so a
-resumed run's file holds each epoch once even if the killed attempt had logged more.
+Only rank 0 creates these. epochs.csv is rewritten whole from the history at every epoch, so a
+resumed run's file holds each epoch once even if the killed attempt had logged more; ranks.csv
+keeps the earlier epochs' rows it finds and replaces the current epoch's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ def write_csv(path: Path, history: list[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(history)
     tmp.replace(path)
+
+
+def write_rank_times(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace the rows of `rows`' epoch (and any later one, left by a killed attempt) in the
+    per-rank CSV at `path`, keeping the earlier epochs' rows."""
+    epoch = rows[0]["epoch"]
+    kept: list[dict[str, Any]] = []
+    if path.exists():
+        with open(path, newline="") as f:
+            kept = [r for r in csv.DictReader(f) if int(r["epoch"]) < epoch]
+    write_csv(path, [*kept, *rows])
 
 
 class TensorBoardLogger:

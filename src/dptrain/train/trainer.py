@@ -23,13 +23,15 @@ import torch
 from dptrain import dist as dd
 from dptrain.data import ShardedSampler, Split, num_samples_per_rank
 from dptrain.data.loader import BatchLoader, fetch_batch
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, RankFailure
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
 from dptrain.train.progress import Progress
+from dptrain.train.stragglers import StepTimes
+from dptrain.train.writer import BackgroundWriter, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ class TrainConfig:
     """DataLoader worker processes per rank that decode batches ahead of the step (0: the
     training process makes each batch when it needs it). Never changes a result."""
     progress: bool = True
+    async_checkpoints: bool = True
+    """Write checkpoints in a background thread: training pauses only to copy the state to
+    memory (dptrain.train.writer). False: write and publish before the next step."""
     fail_at: FailAt | None = None
     record: dict[str, Any] = field(default_factory=dict)
     """What built this run (the CLI's options), stored for the record."""
@@ -108,6 +113,19 @@ def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
     return out
 
 
+def metric_names(reported: Iterable[str], prefix: str) -> list[str]:
+    """The columns of epochs.csv that metrics reported as `reported` become (`train`/`test`
+    prefix, rmse from mse)."""
+    return list(_derived(dict.fromkeys(reported, 0.0), prefix))
+
+
+def _pause_stats(pauses: list[float]) -> dict[str, float | int]:
+    """How long checkpoints held training up on this rank: count, mean and longest, seconds."""
+    if not pauses:
+        return {"count": 0, "mean": 0.0, "max": 0.0}
+    return {"count": len(pauses), "mean": sum(pauses) / len(pauses), "max": max(pauses)}
+
+
 class Trainer:
     """Fit a learner on a split, data-parallel over the ranks of `runtime`."""
 
@@ -131,9 +149,15 @@ class Trainer:
                                        workers=config.workers, pin_memory=pin)
         self.data_wait_s = 0.0
         """Seconds the training steps waited for their batches (not the evaluations)."""
+        self.step_times = StepTimes(self.rank, self.world_size, self._metric_device())
+        """Per-rank compute, wait and data time of the steps (ranks.csv; slow ranks named)."""
         self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
+        self._writer = BackgroundWriter(enabled=config.async_checkpoints)
+        self.checkpoint_pauses: list[float] = []
+        """Seconds each checkpoint held this rank's training up (the write excluded when it
+        runs in the background)."""
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
@@ -145,10 +169,23 @@ class Trainer:
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
         """Train to the last epoch (or early stop) and return the summary (also summary.json).
-        The data loaders' worker processes end with it, however it ends."""
+        The data loaders' worker processes and the checkpoint writer's thread end with it,
+        however it ends."""
         try:
             return self._fit()
+        except BaseException as failure:
+            if isinstance(failure, RankFailure) and failure.step is None:
+                failure.step = self.step  # the launcher's one line names it
+            # The write in flight is of a good state (a peer failing later does not change
+            # it): let it land, so a restart loses less; its own error would hide this one.
+            try:
+                self._writer.wait()
+            except BaseException as err:  # noqa: BLE001
+                log.warning("the checkpoint being written when the run failed was lost: %s",
+                            err)
+            raise
         finally:
+            self._writer.close()
             self.loader.close()
             self.eval_loader.close()
 
@@ -172,8 +209,13 @@ class Trainer:
             samples_seen += seen
             test_means = self._evaluate()
             improved = self._end_epoch(train_means, test_means)
+            self._log_step_times()
             self._save_checkpoint(epoch_done=True, is_best=improved)
             self.epoch += 1
+        # The last checkpoint is published before the run says it is done, on every rank (a
+        # caller may look for it as soon as fit() returns, on any rank).
+        self._writer.wait()
+        dd.barrier()
         summary = self._summary(time.perf_counter() - start, samples_seen, resumed_from)
         self._finish(summary)
         return summary
@@ -189,13 +231,15 @@ class Trainer:
         while True:
             waited = time.perf_counter()
             batch = next(batches, None)
-            self.data_wait_s += time.perf_counter() - waited
+            fetched = time.perf_counter() - waited
+            self.data_wait_s += fetched
             if batch is None:
                 break
-            if self.config.fail_at is not None:
-                self.config.fail_at.maybe_kill(self.rank, self.step)
+            self._maybe_fail()
+            self.step_times.begin_step()
             metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
+            self.step_times.end_step(self.step, fetched)
             seen += len(batch[1]) * self.world_size
             for name, (s, c) in metrics.items():
                 total = sums.get(name, (0.0, 0.0))
@@ -241,6 +285,18 @@ class Trainer:
             dd.rank_zero_print(f"epoch {self.epoch + 1}/{self.config.num_epochs}  {shown}")
         return improved
 
+    def _log_step_times(self) -> None:
+        """Collective: every rank's mean step times of the epoch to ranks.csv and TensorBoard
+        (not epochs.csv, which must not change from run to run: dptrain.train.stragglers)."""
+        rows = self.step_times.epoch_rows(self.epoch + 1)
+        if self.rank != 0:
+            return
+        loggers.write_rank_times(Path(self.config.out_dir) / "ranks.csv", rows)
+        if self.tb is not None:
+            self.tb.log({"epoch": self.epoch + 1, "step": self.step,
+                         **{f"ranks_{part}_s_rank{row['rank']}": row[f"{part}_s"]
+                            for row in rows for part in ("compute", "wait", "data")}})
+
     # ------------------------------------------------------------------------------ helpers
     def _metric_device(self) -> torch.device:
         # NCCL reduces CUDA tensors only; gloo takes CPU ones.
@@ -253,35 +309,68 @@ class Trainer:
 
     # -------------------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
-        """Collective: every rank contributes its RNG state and its learner part; rank 0
-        writes atomically."""
+        """Collective: every rank contributes its RNG state and its learner part; rank 0 copies
+        the state to memory and writes it in the background (`TrainConfig.async_checkpoints`),
+        publishing it atomically. A sharded learner writes its shards here, on every rank,
+        before anyone steps on (torch.distributed.checkpoint); rank 0 then checksums and
+        publishes them in the background too, as nothing touches those files any more."""
+        started = time.perf_counter()
         rng_states = dd.all_gather_object(rng.capture())
-        fail_at = self.config.fail_at
+        fail_at, step = self.config.fail_at, self.step  # the thread runs after steps moved on
         midway = None if fail_at is None else \
-            (lambda: fail_at.maybe_kill_in_checkpoint(self.rank, self.step))
+            (lambda: fail_at.maybe_kill_in_checkpoint(self.rank, step))
         if self.rank != 0 and midway is not None:
             midway()  # while rank 0 writes
         # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
         partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
+        if self.rank == 0:
+            # One write in flight at most; it must be done before `begin`, as its pruning
+            # removes stale temporary folders.
+            self._writer.wait()
         tmp = ckpt.begin(self.ckpt_dir, self.step) if self.rank == 0 else None
         tmp = Path(dd.broadcast_object(str(tmp)))
         learner_state = self.learner.save_checkpoint(tmp)
         if self.rank == 0:
             record = self._run_record()
-            state = {"learner": learner_state,
-                     "sampler": self.sampler.state_dict(), "rng": rng_states,
-                     "early_stopping": self.early.state_dict(), "history": self.history,
-                     "trainer": {"epoch": self.epoch, "step": self.step,
-                                 "epoch_done": epoch_done, "partial_sums": partial_sums}}
+            # Copies taken now: the live tensors change in the next steps, while the thread
+            # writes. Everything else is copied too, the history list included.
+            state = snapshot({"learner": learner_state,
+                              "sampler": self.sampler.state_dict(), "rng": rng_states,
+                              "early_stopping": self.early.state_dict(),
+                              "history": self.history,
+                              "trainer": {"epoch": self.epoch, "step": self.step,
+                                          "epoch_done": epoch_done,
+                                          "partial_sums": partial_sums}})
             meta = {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
                     "world_size": self.world_size, "config": self.config.to_json(),
                     "run_record": record, "sharded": record.get("sharded_checkpoint", False),
                     "saved_at": time.time()}
-            final = ckpt.commit(tmp, state, meta, midway=midway)
-            if is_best:
-                ckpt.copy_as_best(final, self.ckpt_dir)
-            ckpt.prune(self.ckpt_dir, self.config.keep_last)
-        dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
+            self._writer.submit(lambda: self._publish(tmp, state, meta, is_best, midway))
+        if not self.config.async_checkpoints:
+            dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
+        self.checkpoint_pauses.append(time.perf_counter() - started)
+
+    def _publish(self, tmp: Path, state: dict[str, Any], meta: dict[str, Any], is_best: bool,
+                 midway: Any) -> None:
+        """Rank 0, in the writer's thread: write, fsync, publish, copy as best, prune."""
+        final = ckpt.commit(tmp, state, meta, midway=midway)
+        if is_best:
+            ckpt.copy_as_best(final, self.ckpt_dir)
+        ckpt.prune(self.ckpt_dir, self.config.keep_last)
+
+    def _maybe_fail(self) -> None:
+        """Fault injection before the step about to run (`--fail-at RANK:STEP`)."""
+        fail_at = self.config.fail_at
+        if fail_at is None:
+            return
+        if fail_at.kill_due(self.step):
+            # A simulated crash comes once the job's checkpoints so far are on disk (every rank
+            # knows the point, so all wait here together): the next attempt resumes from the
+            # newest one, as it did with synchronous checkpoints. Crashes during a write are
+            # the RANK:ckpt:STEP points.
+            self._writer.wait()
+            dd.barrier()
+        fail_at.maybe_kill(self.rank, self.step)
 
     def _run_record(self) -> dict[str, Any]:
         """What defines this run: the Trainer's own part, the learner's and the caller's."""
@@ -342,6 +431,8 @@ class Trainer:
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
             "data_wait_s": self.data_wait_s,
             **self._skipped_samples(),
+            "checkpoint_pause_s": _pause_stats(self.checkpoint_pauses),
+            "slow_ranks": self.step_times.slow_ranks,
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
