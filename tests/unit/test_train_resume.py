@@ -35,7 +35,7 @@ def test_differences_name_each_option_with_both_values():
     assert differences({"seed": 0, "xs": (1, 2)}, {"seed": 0, "xs": [1, 2]}) == []
 
 
-def test_a_mid_epoch_checkpoints_metric_sums_continue_on_any_world_size():
+def test_mid_epoch_metric_sums_continue_on_any_world_size():
     """Each rank's (sum, count) of the interrupted epoch: its own on the same world size (the
     epoch's sums come out bit-identical), all of them on rank 0 on another (sums are additive,
     so the epoch's metrics equal the uninterrupted run's up to summation order)."""
