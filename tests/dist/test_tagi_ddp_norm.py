@@ -1,7 +1,8 @@
 """DDPSequential with BatchNorm and residual blocks on 2 real gloo ranks: synchronised
 statistics make sum mode step exactly like one process on the global batch (uneven shards
-included); unsynchronised running statistics are averaged; replicas stay bit-identical,
-running statistics included; average mode caps alike on every rank."""
+included, and a rank without a sample); unsynchronised running statistics are averaged;
+replicas stay bit-identical, running statistics included; average mode caps alike on every rank
+and divides by its `average_over`."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ def _sync_equivalence(rank: int, world_size: int) -> dict:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
     updater, out = OutputUpdater(), {}
     for name, (build, sample) in NETS.items():
-        for sizes in ([4, 4], [1, 6], [5, 2]):  # uneven; one sample on a rank (FC BatchNorm)
+        # uneven; one sample on a rank (FC BatchNorm); none on a rank (an epoch's last batch
+        # split unevenly: it takes part with a count of 0 and zero deltas)
+        for sizes in ([4, 4], [1, 6], [5, 2], [3, 0], [0, 5]):
             ddp = DDPSequential(build(seed=rank), config)  # sum mode: sync_batchnorm on
             reference = build(seed=0)
             worst = 0.0
@@ -90,8 +93,9 @@ def _sync_equivalence(rank: int, world_size: int) -> dict:
 def test_sum_mode_with_synchronised_batchnorm_equals_one_process():
     """Contract 1 with BatchNorm: global batch statistics in every training forward, so a conv
     ResNet with BatchNorm (and a flat one) on 2 ranks steps like one process on the global
-    batch — parameters, running statistics and the eval forward, uneven shards included;
-    contract 2: ranks seeded differently end bit-identical, state included."""
+    batch — parameters, running statistics and the eval forward, uneven shards included, and a
+    rank with an empty batch; contract 2: ranks seeded differently end bit-identical, state
+    included."""
     results = run_world(_sync_equivalence, world_size=2, timeout_s=120)
     for r in results:
         for key, got in r.items():
@@ -181,11 +185,15 @@ def _plain_net(seed: int) -> Sequential:
 def _average_uneven(rank: int, world_size: int) -> dict:
     """Average mode with shards on either side of a cap threshold (1 vs 2: c = 0.1 vs 2;
     255 vs 256: c = 2 vs 3): every rank caps with c(⌊B_global/N⌋), so the replicas stay
-    identical and follow (1/N) Σ_r Δ_r capped once."""
+    identical and follow (1/N) Σ_r Δ_r capped once. N is `average_over` when given (a run
+    resumed on another world size keeps its own), and a rank may hold no sample (a last batch
+    of fewer samples than N caps with c(1))."""
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
     hrc, updater, out = HRCSoftmax(10), OutputUpdater(), {}
-    for sizes in ([1, 2], [255, 256]):
-        ddp = DDPSequential(_plain_net(seed=rank), config, average=True)
+    for sizes, over in (([1, 2], None), ([255, 256], None), ([3, 0], None), ([1, 0], None),
+                        ([4, 3], 3)):
+        ddp = DDPSequential(_plain_net(seed=rank), config, average=True, average_over=over)
+        n = over or world_size
         reference, probe = _plain_net(seed=0), _plain_net(seed=0)
         worst = 0.0
         for step in range(3):
@@ -199,7 +207,7 @@ def _average_uneven(rank: int, world_size: int) -> dict:
             ddp.backward()
             ddp.step()
             total = torch.zeros_like(reference.flat_deltas)
-            for r in range(world_size):
+            for r in (r for r in range(world_size) if sizes[r]):  # an empty shard adds nothing
                 probe.load_state_dict(reference.state_dict())
                 probe(_shard(x, r, sizes))
                 obs, idx = hrc.encode(_shard(labels, r, sizes), dtype=F64)
@@ -207,12 +215,12 @@ def _average_uneven(rank: int, world_size: int) -> dict:
                                              probe.input_delta_z_buffer)
                 probe.backward()
                 total += probe.flat_deltas
-            reference.flat_deltas.copy_(total / world_size)
-            reference.cap_batch_size = sum(sizes) // world_size
+            reference.flat_deltas.copy_(total / n)
+            reference.cap_batch_size = max(1, sum(sizes) // n)
             reference.step()
             worst = max(worst, (ddp.model.flat_params - reference.flat_params).abs().max().item())
         ddp.check_replicas()
-        out[str(sizes)] = {"worst": worst, "cap": ddp.model.cap_batch_size}
+        out[f"{sizes} over {n}"] = {"worst": worst, "cap": ddp.model.cap_batch_size}
     return out
 
 

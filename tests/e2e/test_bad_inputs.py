@@ -204,7 +204,9 @@ CASES = {
     "model-dataset-mismatch": Case(lambda t, o: ["--model", "tagi-cnn", "--dataset", "toy1d"],
                                    2, "dataset toy1d: model tagi-cnn takes images"),
     "batch-not-divisible": Case(lambda t, o: ["--nproc", "2", "--batch-size", "33"], 2,
-                                "batch-size 33 must be divisible by "),
+                                "batch-size 33 must be divisible by the world size 2 "
+                                "(--nproc 2): every process takes an equal share; world sizes "
+                                "that work: 1, 3, 11, 33"),
     "epochs-zero": Case(lambda t, o: ["--epochs", "0"], 2,
                         "epochs: expected an integer >= 1, got 0"),
     "epochs-not-int": Case(lambda t, o: ["--epochs", "two"], 2,
@@ -239,10 +241,12 @@ CASES = {
                                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                        "MASTER_PORT": "{busy}"}),
     # Checkpoints (CheckpointError, 4).
-    "world-size-changed-mid-epoch": Case(
-        lambda t, o: [*_keep(_drop_epoch_end(o)), "--nproc", "2"], 4,
-        "dptrain train: error: rank {rank}: {out}/checkpoints/step-00000080: saved mid-epoch on "
-        "1 rank(s), this run has 2", processes=True),
+    # Another world size resumes even mid-epoch (test_resume_world_size.py), but the global
+    # batch is the run's and must split evenly over the new one (ConfigError, 2).
+    "world-size-not-dividing-the-batch-on-resume": Case(
+        lambda t, o: [*_keep(_drop_epoch_end(o)), "--nproc", "3"], 2,
+        "batch-size 32 must be divisible by the world size 3 (--nproc 3): every process takes "
+        "an equal share; world sizes that work: 1, 2, 4, 8, 16, 32"),
     # A broken newest checkpoint is not an error: the run says so and resumes from the one
     # before, which it leaves as it was.
     "checkpoint-corrupt": Case(lambda t, o: _keep(_truncate(

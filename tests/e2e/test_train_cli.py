@@ -155,26 +155,6 @@ def test_regression_writes_rmse_log_likelihood_and_the_band_plot(tmp_path):
     assert (out / "predictions.png").stat().st_size > 1000
 
 
-def test_resuming_on_another_world_size_works_from_an_epoch_end_only(tmp_path, capsys):
-    """Epoch-end checkpoints of a TAGI run resume on any world size (the model is replicated);
-    a mid-epoch one refuses, saying why, because its sampler position means other samples."""
-    import shutil
-
-    first = tmp_path / "two"
-    result = run(dptrain_cmd("train", "--epochs", "1", "--checkpoint-every", "10",
-                             "--no-progress", "--out", str(first)), timeout_s=180)
-    assert result.returncode == 0, result.output
-    steps = sorted(p.name for p in (first / "checkpoints").glob("step-*"))
-    assert steps == ["step-00000030", "step-00000040", "step-00000045"]  # 45 steps, keep 3
-    shutil.copytree(first, tmp_path / "mid")
-    assert _train_in_process(first, "--epochs", "2") == 0
-    assert _summary(first)["final_epoch"] == 2 and _summary(first)["world_size"] == 1
-    assert "resumed from" in capsys.readouterr().out
-    shutil.rmtree(tmp_path / "mid" / "checkpoints" / "step-00000045")
-    assert _train_in_process(tmp_path / "mid", "--epochs", "2") == 4  # CheckpointError
-    assert "saved mid-epoch on 2 rank(s), this run has 1" in capsys.readouterr().err
-
-
 def test_torch_recipe_through_the_same_trainer(tmp_path):
     out = tmp_path / "torch"
     assert _train_in_process(out, "--model", "torch-mlp", "--epochs", "2",

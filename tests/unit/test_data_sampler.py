@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dptrain.data import ArrayDataset, ShardedSampler, num_samples_per_rank, steps_per_epoch
+from dptrain.data.loader import BatchLoader
 from dptrain.errors import CheckpointError, ConfigError
 
 LENGTHS = [1, 2, 3, 5, 7, 8, 13, 64, 101]
@@ -27,7 +28,8 @@ def _shards(n: int, world: int, epoch: int = 0, **kw) -> list[list[int]]:
         s.set_epoch(epoch)
         shards.append(list(s))
         assert len(shards[-1]) == len(s) == num_samples_per_rank(
-            n, world, rank, mode=kw.get("mode", "train"), drop_last=kw.get("drop_last", False))
+            n, world, rank, mode=kw.get("mode", "train"), drop_last=kw.get("drop_last", False),
+            uneven_last_batch=kw.get("uneven_last_batch", False))
     return shards
 
 
@@ -73,6 +75,88 @@ def test_train_mode_drop_last_drops_only_the_tail(n, world):
         assert all(len(s) == n // world for s in shards)
         assert len(set(flat)) == len(flat) == world * (n // world)
         assert set(flat) <= set(range(n))
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_uneven_last_batch_neither_pads_nor_drops(n, world):
+    """Every index exactly once, in the permutation's order; the last ranks hold one fewer."""
+    for epoch in range(2):
+        shards = _shards(n, world, epoch, seed=1, uneven_last_batch=True)
+        assert _interleave(shards) == _interleave(_shards(n, 1, epoch, seed=1)[:1])
+        assert [len(s) for s in shards] == [len(range(r, n, world)) for r in range(world)]
+
+
+def _steps(n: int, world: int, global_batch: int, *, state: dict | None = None,
+           epoch: int = 1, stop_after: int | None = None, **kw) -> tuple[list[list[int]], dict]:
+    """The samples of each global step (sorted: their order within a step changes no update),
+    through the Trainer's data path (a BatchLoader per rank over a dataset whose targets are
+    the sample indices); starting from `state` if given, stopping after `stop_after` steps.
+    Also returns rank 0's sampler state at the stop."""
+    data = ArrayDataset(torch.zeros(n, 1), torch.arange(n))
+    per_rank, states = [], []
+    for rank in range(world):
+        sampler = ShardedSampler(n, rank=rank, world_size=world, seed=4, **kw)
+        if state is not None:
+            sampler.load_state_dict(state)
+        sampler.set_epoch(epoch)
+        batches: list[list[int]] = []
+        for _, y in BatchLoader(data, sampler, global_batch // world) if stop_after != 0 else ():
+            batches.append(y.tolist())
+            if len(batches) == stop_after:
+                break
+        per_rank.append(batches)
+        states.append(sampler.state_dict())  # what a checkpoint after the last step saves
+    counts = {len(b) for b in per_rank}
+    assert len(counts) == 1, f"ranks take different numbers of steps: {counts}"
+    assert all(s["position"] == states[0]["position"] for s in states), "positions differ"
+    return [sorted(i for b in step for i in b) for step in zip(*per_rank)], states[0]
+
+
+# (samples, global batch): the last step full, of 5 samples, of 1 (an empty batch on every
+# rank but rank 0), and an epoch of fewer samples than 8 ranks hold in one step
+CASES = [(64, 8), (101, 8), (13, 8), (41, 8), (9, 8)]
+
+
+@pytest.mark.parametrize("n, global_batch", CASES)
+def test_a_global_step_is_the_same_samples_on_any_world_size(n, global_batch):
+    """Which sample indices make up each global step, on 1 rank and on 2, 4 and 8: the same
+    with `uneven_last_batch` (TAGI's sum mode), every step; padded (torch learners), every step
+    but an epoch's last, which on N ranks adds up to N - 1 samples from the permutation's
+    start."""
+    alone, _ = _steps(n, 1, global_batch)
+    assert sorted(i for step in alone for i in step) == list(range(n))
+    assert len(alone) == steps_per_epoch(n, 1, global_batch)
+    for world in (2, 4, 8):
+        uneven, _ = _steps(n, world, global_batch, uneven_last_batch=True)
+        assert uneven == alone, world
+        padded, _ = _steps(n, world, global_batch)
+        assert padded[:-1] == alone[:-1], world
+        extra = list(padded[-1])
+        for i in alone[-1]:
+            extra.remove(i)
+        assert len(extra) == world * math.ceil(n / world) - n <= world - 1
+        first = _interleave(_shards(n, 1, 1, seed=4))[:len(extra)]
+        assert sorted(extra) == sorted(first), world
+
+
+@pytest.mark.parametrize("uneven", [True, False])
+@pytest.mark.parametrize("saved_world, world", [(2, 1), (1, 2), (2, 4), (8, 2), (4, 8)])
+@pytest.mark.parametrize("n, global_batch", CASES)
+def test_a_position_saved_on_one_world_size_continues_on_another(n, global_batch, saved_world,
+                                                                  world, uneven):
+    """Stopped after k steps on `saved_world` ranks, rank 0's sampler state continues on
+    `world` ranks with step k + 1 of the uninterrupted run: the global position is steps done x
+    global batch, whatever the world size (padded: all but the epoch's last step)."""
+    kw = {"uneven_last_batch": uneven}
+    full, _ = _steps(n, world, global_batch, **kw)
+    for k in range(len(full)):
+        done, state = _steps(n, saved_world, global_batch, stop_after=k, **kw)
+        assert state["position"] == k * global_batch // saved_world
+        rest, end = _steps(n, world, global_batch, state=state, **kw)
+        assert len(rest) == len(full) - k
+        assert (done + rest)[:-1] == full[:-1] and (not uneven or rest[-1:] == full[-1:])
+        assert end["position"] == ShardedSampler(n, rank=0, world_size=world).num_slots
 
 
 def test_permutation_depends_on_seed_and_epoch_only():
@@ -158,8 +242,15 @@ def test_batches_keep_the_partial_batch_and_match_steps_per_epoch():
 def test_state_dict_refuses_a_different_run():
     s = ShardedSampler(20, rank=0, world_size=2)
     state = s.state_dict()
-    with pytest.raises(CheckpointError, match="world_size: saved 2, now 4"):
-        ShardedSampler(20, rank=0, world_size=4).load_state_dict(state)
+    for kw in ({"mode": "eval"}, {"drop_last": True}):  # other samples exist per world size
+        with pytest.raises(CheckpointError, match="world_size: saved 2, now 4"):
+            ShardedSampler(20, rank=0, world_size=4, **kw).load_state_dict(
+                ShardedSampler(20, rank=0, world_size=2, **kw).state_dict())
+    s.set_position(3)  # 6 samples of the epoch: 2 ranks continue, 4 cannot split them
+    with pytest.raises(CheckpointError, match=r"3 sample\(s\) per rank on 2 rank\(s\) = 6 "
+                                              r"samples of the epoch, which do not split over "
+                                              r"4 rank\(s\)"):
+        ShardedSampler(20, rank=0, world_size=4).load_state_dict(s.state_dict())
     with pytest.raises(CheckpointError, match="num_samples: saved 20, now 21"):
         ShardedSampler(21, rank=0, world_size=2).load_state_dict(state)
     with pytest.raises(CheckpointError, match="missing"):
@@ -174,6 +265,9 @@ def test_state_dict_refuses_a_different_run():
     ({"world_size": 0, "rank": 0}, "world_size must be a positive int, got 0"),
     ({"mode": "test"}, "mode must be one of .*got 'test'"),
     ({"mode": "eval", "drop_last": True}, "drop_last=True is only allowed in train mode"),
+    ({"mode": "eval", "uneven_last_batch": True},
+     "uneven_last_batch=True is only allowed in train mode"),
+    ({"drop_last": True, "uneven_last_batch": True}, "choose one"),
     ({"rank": 0, "world_size": 8, "drop_last": True}, "leaves every rank empty"),
 ])
 def test_bad_arguments_raise_config_error(kwargs, match):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ast
 import inspect
+from pathlib import Path
 
 import torch
 
 from dptrain.data import load_digits
+from dptrain.dist import init_distributed
 from dptrain.learners import Learner, TorchLearner
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -49,3 +51,25 @@ def test_both_learners_implement_every_member():
         assert not missing, (type(learner).__name__, missing)
     assert torch_.config.sync_batchnorm, "a torch model with BatchNorm gets global statistics"
     assert isinstance(torch_.loss_fn, torch.nn.CrossEntropyLoss)
+
+
+def test_which_learners_take_an_uneven_last_batch():
+    """The Trainer's train sampler pads an epoch's last global batch for a learner whose step
+    needs equal shards, and splits it unevenly (no repeats, the same steps on any world size)
+    for one whose step is the global batch's however it is split."""
+    flat, images = load_digits(), load_digits(flat=False)
+
+    def learner(model, split, **options):
+        return create_learner(ModelConfig(model=model, hidden=8, width=4),
+                              LearnerConfig(**options), split, seed=0)
+
+    assert learner("tagi-mlp", flat).uneven_last_batch  # sum mode
+    assert learner("tagi-resnet18", images).uneven_last_batch  # sum mode: global BatchNorm
+    assert learner("tagi-mlp", flat, average=True).uneven_last_batch  # 1/N of the sum
+    assert not learner("tagi-resnet18", images, average=True).uneven_last_batch  # local BN
+    assert not learner("torch-mlp", flat).uneven_last_batch  # DDP: a mean of local means
+    split = load_digits()
+    config = trainer.TrainConfig(out_dir=Path("unused"), global_batch_size=4)
+    for model, uneven in (("tagi-mlp", True), ("torch-mlp", False)):
+        built = trainer.Trainer(learner(model, split), split, config, init_distributed())
+        assert built.sampler.uneven_last_batch is uneven, model

@@ -20,7 +20,7 @@ from tests._nets import tagi_mlp
 from dptrain.tagi import manual_seed
 from dptrain.train import TrainConfig, Trainer
 from dptrain.train import checkpoint as ckpt
-from dptrain.train.resume import differences
+from dptrain.train.resume import differences, partial_sums
 
 
 def test_differences_name_each_option_with_both_values():
@@ -33,6 +33,18 @@ def test_differences_name_each_option_with_both_values():
     assert differences({"parameter_layout": "aaa"}, {"parameter_layout": "bbb"}) == \
         ["model parameters (names, shapes, dtypes) aaa -> bbb"]
     assert differences({"seed": 0, "xs": (1, 2)}, {"seed": 0, "xs": [1, 2]}) == []
+
+
+def test_mid_epoch_metric_sums_continue_on_any_world_size():
+    """Each rank's (sum, count) of the interrupted epoch: its own on the same world size (the
+    epoch's sums come out bit-identical), all of them on rank 0 on another (sums are additive,
+    so the epoch's metrics equal the uninterrupted run's up to summation order)."""
+    saved = [{"mse": (4.0, 2.0), "error": (1.0, 2.0)}, {"mse": (6.0, 1.0), "error": (0.0, 1.0)}]
+    assert [partial_sums(saved, r, 2) for r in (0, 1)] == saved
+    assert partial_sums(saved, 0, 1) == {"mse": (10.0, 3.0), "error": (1.0, 3.0)}
+    assert [partial_sums(saved, r, 4) for r in range(4)] == \
+        [{"mse": (10.0, 3.0), "error": (1.0, 3.0)}, {}, {}, {}]
+    assert partial_sums(None, 0, 2) == partial_sums([], 1, 2) == {}  # an epoch-end checkpoint
 
 
 def test_the_run_record_holds_every_option_but_the_resumable_ones(tmp_path):

@@ -36,11 +36,16 @@ from dptrain.data.datasets import (
     read_csv,
     read_idx,
 )
-from dptrain.data.sampler import ShardedSampler, num_samples_per_rank, steps_per_epoch
+from dptrain.data.sampler import (
+    ShardedSampler,
+    num_samples_per_rank,
+    steps_per_epoch,
+    world_sizes_dividing,
+)
 
 __all__ = [
     "ArrayDataset", "Normalisation", "ShardedSampler", "Split", "accepted_names", "load_cifar10",
     "load_csv", "load_dataset", "load_diabetes", "load_digits", "load_mnist", "load_npz",
     "load_toy1d", "load_toy1d_hetero", "num_samples_per_rank", "read_cifar_binary", "read_cifar_pickle", "read_csv",
-    "read_idx", "steps_per_epoch",
+    "read_idx", "steps_per_epoch", "world_sizes_dividing",
 ]

@@ -137,7 +137,10 @@ class BatchLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start = self.sampler.position
-        index_batches = list(self.sampler.batches(self.local_batch_size))
+        index_batches, ends = [], []  # ends: the sampler's position after each batch
+        for indices in self.sampler.batches(self.local_batch_size):
+            index_batches.append(indices)
+            ends.append(self.sampler.position)
         self.sampler.set_position(start)
         epoch = self.sampler.epoch
         if self._loader is None:
@@ -146,11 +149,12 @@ class BatchLoader:
         else:
             self._keys.keys = [(epoch, idx) for idx in index_batches]
             made = iter(self._loader)
-        for indices, batch in zip(index_batches, made):
+        for end, batch in zip(ends, made):
             if isinstance(batch, _Failure):
                 raise DataError(batch.message)
             self.skipped.update(batch.skipped)
-            self.sampler.set_position(self.sampler.position + len(indices))
+            # the batch's slots, which past the data (uneven_last_batch) hold no index
+            self.sampler.set_position(end)
             yield batch
 
     def close(self) -> None:

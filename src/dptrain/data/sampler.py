@@ -4,16 +4,28 @@ Every rank draws the same permutation (a `torch.Generator` seeded with `seed + e
 global RNG, so user code that draws random numbers cannot desynchronise ranks), then takes every
 `world_size`-th index starting at its rank.
 
-- mode="train": every rank gets the same number of indices, so every rank takes the same number
-  of steps and no rank waits at a collective that another rank never reaches. By default the
-  permutation is padded by wrapping around to a multiple of `world_size` (at most
-  `world_size - 1` samples are seen twice per epoch); `drop_last=True` drops the tail instead
-  (at most `world_size - 1` samples are skipped per epoch, different ones each epoch). Padding is
-  the default because the small sets used here (20 toy points, 360 digits) would lose a
-  noticeable share of their data per epoch, and because it matches
-  `torch.utils.data.DistributedSampler`.
+- mode="train": every rank takes the same number of steps, so no rank waits at a collective that
+  another rank never reaches. By default the permutation is padded by wrapping around to a
+  multiple of `world_size` (at most `world_size - 1` samples are seen twice per epoch);
+  `drop_last=True` drops the tail instead (at most `world_size - 1` samples are skipped per
+  epoch, different ones each epoch). Padding is the default because the small sets used here
+  (20 toy points, 360 digits) would lose a noticeable share of their data per epoch, and because
+  it matches `torch.utils.data.DistributedSampler`. `uneven_last_batch=True` neither pads nor
+  drops: the epoch's last global batch holds just the samples left, split by the same striding,
+  so a rank may get fewer samples in the last step, or none (an empty batch); for a learner
+  whose update does not depend on how a global batch is split (TAGI's sum mode), every world
+  size then computes the same steps.
 - mode="eval": every index is visited exactly once over all ranks, no padding; ranks may hold
   counts that differ by one, so metrics are reduced as (sum, count) (docs/design.md, contract 5).
+
+Steps and world sizes: a train epoch is a sequence of *slots*, ceil(n / world_size) per rank
+(n // world_size with drop_last), slot j of rank r holding permutation position
+r + j·world_size; padding fills the slots past n by wrapping around, `uneven_last_batch` leaves
+them empty. Step k of a local batch B covers slots [kB, (k+1)B) on every rank, i.e. permutation
+positions [k·G, (k+1)·G) with G = world_size·B, the global batch: the same samples on any world
+size with the same G (up to the padding in an epoch's last step). The position counts slots, the
+same on every rank at a step boundary, so a saved position means the first position·world_size
+samples of the permutation, and `load_state_dict` continues it on another world size.
 """
 
 from __future__ import annotations
@@ -32,14 +44,21 @@ Mode = Literal["train", "eval"]
 _MODES = ("train", "eval")
 # Keys of state_dict() that describe the run rather than its progress: a checkpoint whose values
 # differ cannot be resumed exactly, because the position would point into a different sequence.
-_FIT_KEYS = ("num_samples", "world_size", "mode", "shuffle", "drop_last")
+# The world size is one only in eval mode and with drop_last (other samples exist per world
+# size); in train mode a position maps onto any world size that divides it (load_state_dict).
+_FIT_KEYS = ("num_samples", "mode", "shuffle", "drop_last")
 
 
 def num_samples_per_rank(num_samples: int, world_size: int, rank: int, *, mode: Mode = "train",
-                         drop_last: bool = False) -> int:
+                         drop_last: bool = False, uneven_last_batch: bool = False) -> int:
     """How many indices `rank` visits per epoch (what `len(ShardedSampler(...))` returns)."""
-    if mode == "eval":
+    if mode == "eval" or uneven_last_batch:
         return len(range(rank, num_samples, world_size))
+    return _num_slots(num_samples, world_size, drop_last)
+
+
+def _num_slots(num_samples: int, world_size: int, drop_last: bool) -> int:
+    """Slots per rank of a train epoch (module docstring): the same on every rank."""
     if drop_last:
         return num_samples // world_size
     return math.ceil(num_samples / world_size)
@@ -51,14 +70,19 @@ def steps_per_epoch(num_samples: int, world_size: int, local_batch_size: int, *,
 
     A step is one batch of `local_batch_size` indices per rank (the global batch is
     `world_size * local_batch_size`); the last, partial batch counts as a step unless
-    `drop_partial`.
+    `drop_partial`. Padded or `uneven_last_batch`, the same count: ceil(n / global batch).
     Use it for a learning-rate schedule's length or a progress bar.
     """
     _check_positive("local_batch_size", local_batch_size)
-    per_rank = num_samples_per_rank(num_samples, world_size, 0, mode="train", drop_last=drop_last)
+    per_rank = _num_slots(num_samples, world_size, drop_last)
     if drop_partial:
         return per_rank // local_batch_size
     return math.ceil(per_rank / local_batch_size)
+
+
+def world_sizes_dividing(global_batch_size: int) -> list[int]:
+    """The world sizes a global batch splits over evenly (its divisors), for error messages."""
+    return [n for n in range(1, global_batch_size + 1) if global_batch_size % n == 0]
 
 
 def _is_int(value: Any) -> bool:
@@ -92,12 +116,13 @@ class ShardedSampler(Sampler[int]):
     tensors to slice in-memory arrays. Call `set_epoch(e)` before every epoch (the Trainer does);
     without it every epoch repeats the same order.
 
-    Position: the number of this epoch's indices already yielded. An iterator starts at the
-    position, so a sampler restored by `load_state_dict` (or given `set_position(n)`) yields
-    exactly the indices not yet seen, in the same order; a position at the end of the epoch
-    yields nothing. Only after an iterator of this object has run to the end does the next one
-    start the epoch again from 0, so a sampler reused without `set_epoch` (an eval loop)
-    repeats its epoch, as torch's DistributedSampler does.
+    Position: the number of this epoch's slots already consumed (the indices yielded, plus in
+    train mode with `uneven_last_batch` the empty slots past the data at the end: see the module
+    docstring). An iterator starts at the position, so a sampler restored by `load_state_dict`
+    (or given `set_position(n)`) yields exactly the indices not yet seen, in the same order; a
+    position at the end of the epoch yields nothing. Only after an iterator of this object has
+    run to the end does the next one start the epoch again from 0, so a sampler reused without
+    `set_epoch` (an eval loop) repeats its epoch, as torch's DistributedSampler does.
 
     A DataLoader prefetches, so the indices its sampler has yielded run ahead of the batches
     the loop has consumed: the Trainer, which knows how many it consumed, should call
@@ -109,19 +134,27 @@ class ShardedSampler(Sampler[int]):
         shuffle: draw a fresh permutation every epoch; defaults to True in train mode and False
             in eval mode (order does not change an evaluation).
         drop_last: train mode only; drop the tail instead of padding by wrapping.
+        uneven_last_batch: train mode only; neither pad nor drop: the last step's batch holds
+            the samples left, so a rank may get fewer than the others, or none.
 
     Raises:
-        ConfigError: bad rank, world size, mode, length, or drop_last in eval mode.
+        ConfigError: bad rank, world size, mode, length, or drop_last or uneven_last_batch in
+            eval mode, or both of them.
     """
 
     def __init__(self, dataset_or_length: Sized | int, *, rank: int | None = None,
                  world_size: int | None = None, shuffle: bool | None = None, seed: int = 0,
-                 mode: Mode = "train", drop_last: bool = False) -> None:
+                 mode: Mode = "train", drop_last: bool = False,
+                 uneven_last_batch: bool = False) -> None:
         if mode not in _MODES:
             raise ConfigError(f"ShardedSampler mode must be one of {_MODES}, got {mode!r}")
-        if mode == "eval" and drop_last:
-            raise ConfigError("ShardedSampler(mode='eval') visits every sample exactly once; "
-                              "drop_last=True is only allowed in train mode")
+        if mode == "eval" and (drop_last or uneven_last_batch):
+            flag = "drop_last" if drop_last else "uneven_last_batch"
+            raise ConfigError(f"ShardedSampler(mode='eval') visits every sample exactly once; "
+                              f"{flag}=True is only allowed in train mode")
+        if drop_last and uneven_last_batch:
+            raise ConfigError("ShardedSampler: drop_last=True drops the samples that "
+                              "uneven_last_batch=True keeps; choose one")
         self.num_samples = _resolve_length(dataset_or_length)
         self.world_size = dd.get_world_size() if world_size is None else world_size
         self.rank = dd.get_rank() if rank is None else rank
@@ -136,6 +169,7 @@ class ShardedSampler(Sampler[int]):
         self.shuffle = (mode == "train") if shuffle is None else bool(shuffle)
         self.seed = int(seed)
         self.drop_last = drop_last
+        self.uneven_last_batch = bool(uneven_last_batch)
         self.epoch = 0
         self._position = 0
         self._ran_to_end = False
@@ -143,16 +177,26 @@ class ShardedSampler(Sampler[int]):
     def __len__(self) -> int:
         """This rank's number of indices for a whole epoch (not only the remaining ones)."""
         return num_samples_per_rank(self.num_samples, self.world_size, self.rank,
-                                    mode=self.mode, drop_last=self.drop_last)
+                                    mode=self.mode, drop_last=self.drop_last,
+                                    uneven_last_batch=self.uneven_last_batch)
+
+    @property
+    def num_slots(self) -> int:
+        """This rank's slots per epoch: `len(self)`, but with `uneven_last_batch` the same on
+        every rank (the empty slots past the data included)."""
+        if self.mode == "eval":
+            return len(self)
+        return _num_slots(self.num_samples, self.world_size, self.drop_last)
 
     @property
     def position(self) -> int:
-        """How many of this epoch's indices have been yielded (or set with `set_position`)."""
+        """How many of this epoch's slots have been consumed (or set with `set_position`)."""
         return self._position
 
     @property
     def num_remaining(self) -> int:
-        return len(self) - self._position
+        """This epoch's slots not yet consumed; in train mode the same on every rank."""
+        return self.num_slots - self._position
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation. A different epoch starts at position 0; setting the
@@ -165,9 +209,9 @@ class ShardedSampler(Sampler[int]):
         self.epoch = epoch
 
     def set_position(self, position: int) -> None:
-        """Mark the first `position` indices of this epoch as consumed."""
-        if not _is_int(position) or not 0 <= position <= len(self):
-            raise ConfigError(f"position must be an int in [0, {len(self)}] (indices per "
+        """Mark the first `position` slots of this epoch as consumed."""
+        if not _is_int(position) or not 0 <= position <= self.num_slots:
+            raise ConfigError(f"position must be an int in [0, {self.num_slots}] (slots per "
                               f"epoch on this rank), got {position!r}")
         self._position = position
         self._ran_to_end = False
@@ -180,7 +224,7 @@ class ShardedSampler(Sampler[int]):
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        if self.mode == "train":
+        if self.mode == "train" and not self.uneven_last_batch:
             total = world * len(self)
             # repeat() covers padding longer than the data itself (fewer samples than ranks)
             order = order.repeat(math.ceil(total / n))[:total]
@@ -197,71 +241,109 @@ class ShardedSampler(Sampler[int]):
         for i in range(self._position, len(indices)):
             self._position = i + 1
             yield indices[i]
+        self._position = self.num_slots  # the empty slots past the data, if any
         self._ran_to_end = True
 
     def batches(self, local_batch_size: int, *, drop_partial: bool = False
                 ) -> Iterator[torch.Tensor]:
         """This rank's remaining indices in chunks of `local_batch_size` (int64 tensors).
 
-        The last chunk of the epoch may be shorter; in train mode it has the same length on
-        every rank, so collectives still match. `drop_partial=True` skips it (and counts it as
-        consumed). Chunks start at the current position, so save at batch boundaries for a
-        resumed run to see the same batches as an uninterrupted one.
+        The last chunk of the epoch may be shorter; in train mode every rank gets as many chunks,
+        so collectives still match, and padded they have the same length on every rank too
+        (with `uneven_last_batch` the last ones may be shorter on some ranks, or empty).
+        `drop_partial=True` skips a last chunk of fewer than `local_batch_size` slots (and
+        counts it as consumed). Chunks start at the current position, so save at batch
+        boundaries for a resumed run to see the same batches as an uninterrupted one.
         """
         _check_positive("local_batch_size", local_batch_size)
-        indices = self._start()
-        for start in range(self._position, len(indices), local_batch_size):
-            batch = indices[start:start + local_batch_size]
-            if drop_partial and len(batch) < local_batch_size:
-                self._position = len(indices)
+        indices, slots = self._start(), self.num_slots
+        for start in range(self._position, slots, local_batch_size):
+            end = min(start + local_batch_size, slots)
+            if drop_partial and end - start < local_batch_size:
+                self._position = slots
                 break
-            self._position = start + len(batch)
-            yield batch
+            self._position = end
+            yield indices[start:end]
         self._ran_to_end = True
 
     def num_batches(self, local_batch_size: int, *, drop_partial: bool = False) -> int:
         """How many chunks `batches(local_batch_size)` yields for a whole epoch on this rank."""
         _check_positive("local_batch_size", local_batch_size)
         if drop_partial:
-            return len(self) // local_batch_size
-        return math.ceil(len(self) / local_batch_size)
+            return self.num_slots // local_batch_size
+        return math.ceil(self.num_slots / local_batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, seed and position, plus the settings a resumed run must share.
 
-        In train mode every rank holds the same state, so saving rank 0's is enough.
+        In train mode every rank holds the same state at a step boundary, so saving rank 0's is
+        enough.
         """
         return {"epoch": self.epoch, "seed": self.seed, "position": self._position,
                 "num_samples": self.num_samples, "world_size": self.world_size,
-                "mode": self.mode, "shuffle": self.shuffle, "drop_last": self.drop_last}
+                "mode": self.mode, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "uneven_last_batch": self.uneven_last_batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where `state` left off. The seed comes from `state`.
 
+        On another world size (train mode, no drop_last) the saved position means the first
+        position × saved world size samples of the epoch's permutation, and this sampler
+        continues after them: its position is that count / world_size. Padded and
+        `uneven_last_batch` states load into each other (the same samples, all but the padding).
+
         Raises:
-            CheckpointError: a missing key, or a state saved with a different dataset length,
-                world size, mode, shuffle or drop_last (its position would mean other samples).
+            CheckpointError: a missing key, a state saved with a different dataset length, mode,
+                shuffle or drop_last (its position would mean other samples), on another world
+                size in eval mode or with drop_last, or at a sample count that this world size
+                does not divide.
         """
-        missing = [k for k in ("epoch", "seed", "position", *_FIT_KEYS) if k not in state]
+        missing = [k for k in ("epoch", "seed", "position", "world_size", *_FIT_KEYS)
+                   if k not in state]
         if missing:
             raise CheckpointError(f"sampler state is missing {missing}; got keys {sorted(state)}")
         mine = self.state_dict()
-        differ = {k: (state[k], mine[k]) for k in _FIT_KEYS if state[k] != mine[k]}
+        fit_keys = _FIT_KEYS + (("world_size",) if self.mode == "eval" or self.drop_last
+                                else ())
+        differ = {k: (state[k], mine[k]) for k in fit_keys if state[k] != mine[k]}
         if differ:
             detail = ", ".join(f"{k}: saved {s!r}, now {m!r}" for k, (s, m) in differ.items())
             raise CheckpointError(f"sampler state does not fit this run ({detail}); resuming "
                                   "would visit other samples than the saved run")
-        epoch, position, seed = state["epoch"], state["position"], state["seed"]
+        epoch, position, seed, world = (state[k] for k in ("epoch", "position", "seed",
+                                                           "world_size"))
+        saved_slots = _num_slots(self.num_samples, world, self.drop_last) \
+            if _is_int(world) and world >= 1 else -1
         if not (_is_int(epoch) and epoch >= 0 and _is_int(seed)
-                and _is_int(position) and 0 <= position <= len(self)):
-            raise CheckpointError(f"sampler state needs ints epoch >= 0, seed and position in "
-                                  f"[0, {len(self)}], got epoch={epoch!r}, seed={seed!r}, "
+                and _is_int(position) and 0 <= position <= saved_slots):
+            raise CheckpointError(f"sampler state needs ints epoch >= 0, seed, world_size >= 1 "
+                                  f"and position in [0, slots per rank], got epoch={epoch!r}, "
+                                  f"seed={seed!r}, world_size={world!r}, "
                                   f"position={position!r}")
+        if world != self.world_size:
+            position = self._position_from(position, world, saved_slots)
         self.epoch, self.seed, self._position = epoch, seed, position
         self._ran_to_end = False
+
+    def _position_from(self, position: int, world: int, saved_slots: int) -> int:
+        """This sampler's position after `position` slots on each of `world` ranks."""
+        if position == saved_slots:
+            return self.num_slots  # the epoch is over on any world size
+        # position < ceil(n / world), so position·world < n: only real samples were consumed,
+        # the first `seen` positions of the permutation, whatever the world size was.
+        seen = position * world
+        if seen % self.world_size:
+            raise CheckpointError(
+                f"sampler state: {position} sample(s) per rank on {world} rank(s) = {seen} "
+                f"samples of the epoch, which do not split over "
+                f"{self.world_size} rank(s); resume from a step boundary on a world size that "
+                f"divides the global batch")
+        return seen // self.world_size
+
 
     def __repr__(self) -> str:
         return (f"ShardedSampler(num_samples={self.num_samples}, rank={self.rank}, "
                 f"world_size={self.world_size}, mode={self.mode!r}, shuffle={self.shuffle}, "
-                f"seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch}, "
+                f"seed={self.seed}, drop_last={self.drop_last}, "
+                f"uneven_last_batch={self.uneven_last_batch}, epoch={self.epoch}, "
                 f"position={self._position})")

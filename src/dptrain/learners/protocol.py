@@ -29,6 +29,15 @@ class Learner(Protocol):
     """True when `eval_step` communicates (a sharded model gathers its weights), so every rank
     must call it equally often; a rank with no samples left then passes an empty batch."""
 
+    uneven_last_batch: bool
+    """True when `train_step` computes the global batch's update exactly however the batch is
+    split over the ranks, a rank with no sample included (it gets an empty batch and still
+    takes part in every collective of the step). The Trainer's train sampler then neither pads
+    nor drops: each epoch's last global batch holds just the samples left, split unevenly, and
+    a run computes the same steps on any world size. False: the last global batch is padded by
+    wrapping around, so every rank gets an equal share (up to world size - 1 samples seen twice
+    per epoch). Read before `setup`."""
+
     def setup(self, runtime: Runtime) -> None:
         """Move to `runtime.device` and make replicas identical (broadcast from rank 0).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,11 +16,13 @@ from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
-from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential, split_heteros
+from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
 
 if TYPE_CHECKING:
     from dptrain.data import Split
+
+log = logging.getLogger(__name__)
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -48,6 +51,8 @@ class TagiLearner:
             curr_iter=epoch)`, which compounds to decay^(e(e+1)/2); to follow such a loop
             exactly, pass the σ_v it reaches at each epoch to `set_sigma_v`.
         average: data-parallel mode, see `DDPSequential` (default: sum = large-batch update).
+            Average mode divides by the world size the run started on, also after a resume on
+            another one (`average_over`, kept in the state; docs/tagi.md, Data-parallel TAGI).
         y_scale: regression only: std of the target normalisation, so that metrics and
             predictions are reported in the data's own units.
         heteroscedastic: regression only: the model ends in `EvenExp` with (mean, noise) output
@@ -86,6 +91,8 @@ class TagiLearner:
         self.y_scale = None if y_scale is None else torch.as_tensor(y_scale).reshape(-1)
         self.updater = OutputUpdater(model.device)
         self.net: DDPSequential | None = None
+        self.average_over: int | None = None
+        """Average mode's N: the world size of `setup`, or the run's from `load_state_dict`."""
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
 
     def setup(self, runtime: Runtime) -> None:
@@ -93,9 +100,22 @@ class TagiLearner:
         config = DDPConfig(device_ids=[device.index] if device.type == "cuda" else [],
                            backend=runtime.backend or "gloo", rank=runtime.env.rank,
                            world_size=runtime.env.world_size, local_rank=0)
-        self.net = DDPSequential(self.model, config, average=self.average)
+        self.net = DDPSequential(self.model, config, average=self.average,
+                                 average_over=self.average_over)
+        self.average_over = self.net.average_over
         if self.y_scale is not None:
             self.y_scale = self.y_scale.to(self.model.device, self.model.dtype)
+
+    @property
+    def uneven_last_batch(self) -> bool:
+        """True unless average mode meets BatchNorm. Sum mode's step is that of the global
+        batch however it is split (additive deltas, BatchNorm statistics of the global batch),
+        and so is average mode's without BatchNorm (1/N of it); average mode normalises each
+        rank's shard with its own statistics (pytagi), which an empty shard does not have."""
+        return not (self.average and self._has_batchnorm())
+
+    def _has_batchnorm(self) -> bool:
+        return any(isinstance(layer, BatchNorm2d) for layer in self.model.descendants())
 
     def sigma_v_at(self, epoch: int) -> float:
         """σ_v of epoch `epoch` (from 0): max(σ_v_min, σ_v · decay^epoch)."""
@@ -202,7 +222,8 @@ class TagiLearner:
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(),
-                "sigma_v": {**self.schedule, "epoch": self.epoch, "current": self.sigma_v}}
+                "sigma_v": {**self.schedule, "epoch": self.epoch, "current": self.sigma_v},
+                "average_over": self.average_over}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -210,6 +231,21 @@ class TagiLearner:
         if saved is not None:  # the run's schedule continues where it was
             self.schedule = {k: saved[k] for k in ("sigma_v", "sigma_v_min", "sigma_v_decay")}
             self.epoch, self.sigma_v = saved["epoch"], saved["current"]
+        self._restore_average_over(state.get("average_over"))
+
+    def _restore_average_over(self, saved: int | None) -> None:
+        """Average mode continues dividing by the world size the run started on."""
+        if saved is None:  # saved before setup, or by an older version: this world's
+            return
+        self.average_over = saved
+        if self.net is None:
+            return
+        self.net.average_over = saved
+        if self.average and saved != self.net.world_size and self._has_batchnorm():
+            log.warning("average mode resumed on %d rank(s), started on %d: the deltas are "
+                        "still averaged over %d, but BatchNorm's local statistics now come "
+                        "from the new shards, so the steps differ from the %d-rank run's",
+                        self.net.world_size, saved, saved, saved)
 
 
     # -- the Trainer's hooks ------------------------------------------------------------------

@@ -97,6 +97,13 @@ class TorchLearner:
     forward), `state_dict`, `load_state_dict` and `model_state_dict`.
     """
 
+    uneven_last_batch = False
+    """The last global batch of an epoch is padded to equal shards: DDP and FSDP average the
+    ranks' gradients of their mean losses, which is the global batch's mean only for equal
+    shards, every rank must run forward and backward (a rank without a sample has no mean loss),
+    and BatchNorm cannot normalise an empty batch (docs/gradient_learner.md, Another world
+    size)."""
+
     def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor],
                                                            torch.Tensor],
                  optimizer_factory: OptimizerFactory, *,

@@ -11,15 +11,19 @@
 Sum mode (`average=False`, the default here) applies `Σ_r Δ_r`, the deltas of the whole global
 batch, with the step cap of the global batch size, and (by default) every BatchNorm layer
 normalises with the statistics of the global batch: N ranks x batch B step exactly like one
-process on N·B (docs/tagi.md, Data-parallel TAGI; docs/design.md, contract 1), uneven local batches included. It is
+process on N·B (docs/tagi.md, Data-parallel TAGI; docs/design.md, contract 1), uneven local
+batches included, and a rank with no sample in a step (an empty batch: it still runs the step,
+contributes zero deltas and a BatchNorm count of 0, and so takes part in every collective). It is
 the default because it is the Bayesian update the data asks for; averaging shrinks every update
 N-fold, as if each step saw only one rank's share of the data.
 
 Average mode (`average=True`, pytagi's default) applies `(1/N) Σ_r Δ_r` with the cap
-c(⌊B_global/N⌋) on every rank, and BatchNorm uses each rank's local statistics: pytagi's
+c(⌊B_global/N⌋) (c(1) when B_global < N) on every rank, and BatchNorm uses each rank's local statistics: pytagi's
 `DDPSequential` semantics (docs/tagi.md, Data-parallel TAGI) when the shards are even. pytagi caps with
 each rank's own local batch size; with uneven shards on either side of a cap threshold (1 vs
-2, 255 vs 256) that makes the replicas drift apart, so here every rank uses the same cap.
+2, 255 vs 256) that makes the replicas drift apart, so here every rank uses the same cap. N is
+`average_over`, the world size unless set: a run resumed on another number of ranks keeps the N
+it started with, so its steps stay those of the run (docs/tagi.md, Data-parallel TAGI).
 
 BatchNorm (`sync_batchnorm`): with True, each BatchNorm computes its training statistics over
 the global batch: one small all-gather of every rank's (count, mean, sum of squared deviations
@@ -132,14 +136,14 @@ class _DeltaReducer:
     running statistics.
 
     `columns_final(start)` starts every bucket whose columns all lie in [start, P); `finish()`
-    waits for them in order and copies the sums back (divided by N in average mode).
+    waits for them in order and copies the sums back.
     Collectives are issued in the same order on every rank because the plan only depends on
     the architecture, which construction checked to be the same everywhere.
     """
 
-    def __init__(self, model: Sequential, average: bool, with_state: bool,
-                 bucket_bytes: int | None, world_size: int) -> None:
-        self.model, self.average, self.with_state = model, average, with_state
+    def __init__(self, model: Sequential, with_state: bool, bucket_bytes: int | None,
+                 world_size: int) -> None:
+        self.model, self.with_state = model, with_state
         self.world_size = world_size
         row_bytes = 2 * model.dtype.itemsize  # one column: its mean and variance delta
         plan = _plan(model.layer_delta_columns(),
@@ -196,9 +200,8 @@ class _DeltaReducer:
             self.comm_seconds += time.perf_counter() - began
 
     def finish(self) -> int:
-        """Wait for every bucket, write the sums (means) into the deltas and, without
-        synchronised BatchNorm, the mean running statistics into the state; returns the global
-        batch size."""
+        """Wait for every bucket, write the sums into the deltas and, without synchronised
+        BatchNorm, the mean running statistics into the state; returns the global batch size."""
         assert self._next == len(self.buckets), "finish() before every bucket was started"
         self._next = 0
         deltas = self.model.flat_deltas
@@ -206,8 +209,6 @@ class _DeltaReducer:
             self._wait(i)
             n = bucket.end - bucket.start
             deltas[:, bucket.start:bucket.end].copy_(self._region(bucket)[:2 * n].view(2, n))
-        if self.average:  # gloo has no AVG op; dividing the sum keeps the ranks bit-identical
-            deltas.div_(self.world_size)
         last = self.buckets[-1]
         tail = self._region(last)[2 * (last.end - last.start):]
         if self.with_state:
@@ -236,14 +237,16 @@ class DDPSequential:
     flat buffers) from rank 0.
 
     `sync_batchnorm`: None (default) = True in sum mode, False in average mode; see the module
-    docstring. `overlap` (default False): all-reduce bucket by bucket during `backward()`;
-    `bucket_bytes`: the size at which a bucket is sent (see DEFAULT_BUCKET_BYTES). Neither
-    changes the result. `num_collectives`, `comm_seconds` and `buckets` describe the traffic.
+    docstring. `average_over`: the N of average mode's `(1/N) Σ_r Δ_r` and cap c(⌊B_global/N⌋),
+    default the world size; a resumed run passes (or sets) the N it started with. `overlap`
+    (default False): all-reduce bucket by bucket during `backward()`; `bucket_bytes`: the size
+    at which a bucket is sent (see DEFAULT_BUCKET_BYTES). Neither changes the result. `num_collectives`, `comm_seconds` and `buckets` describe the traffic.
     """
 
     def __init__(self, model: Sequential, config: DDPConfig, average: bool = False,
                  sync_batchnorm: bool | None = None, overlap: bool = False,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 average_over: int | None = None) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"DDPSequential wraps a dptrain.tagi.Sequential, got "
                             f"{type(model).__name__}")
@@ -263,25 +266,32 @@ class DDPSequential:
         if bucket_bytes < 1:
             raise ConfigError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.overlap, self.bucket_bytes = overlap, bucket_bytes
+        self.average_over = self.world_size if average_over is None else average_over
+        if not isinstance(self.average_over, int) or self.average_over < 1:
+            raise ConfigError(f"average_over must be an int >= 1, got {average_over!r}")
         self.global_batch_size: int | None = None
         self._reducer = None if self.world_size == 1 else _DeltaReducer(
-            model, self.average, with_state=not self.sync_batchnorm,
+            model, with_state=not self.sync_batchnorm,
             bucket_bytes=bucket_bytes if overlap else None, world_size=self.world_size)
 
     # -------------------------------------------------------------------------- the loop
     def forward(self, mu_x: Any, var_x: Any = None) -> Any:
         """The model's forward; with synchronised BatchNorm a training forward is collective
-        (one all-gather per BatchNorm layer)."""
-        if not (self.sync_batchnorm and self.world_size > 1 and self.model.training
-                and self._batchnorms):
+        (one all-gather per BatchNorm layer). A training batch may be empty on some ranks (not
+        on all): such a rank runs the step all the same and contributes nothing."""
+        if not (self.world_size > 1 and self.model.training):
             return self.model(mu_x, var_x)
-        # Scoped to this call: the model used on its own later normalises locally.
-        for layer in self._batchnorms:
+        gather = self.sync_batchnorm and self._batchnorms
+        # Scoped to this call: the model used on its own later normalises locally and refuses
+        # an empty batch.
+        for layer in self._batchnorms if gather else ():
             layer.stats_gather = _gather_stats
+        self.model.allow_empty_batch = True
         try:
             return self.model(mu_x, var_x)
         finally:
-            for layer in self._batchnorms:
+            self.model.allow_empty_batch = False
+            for layer in self._batchnorms if gather else ():
                 layer.stats_gather = None
 
     __call__ = forward
@@ -312,9 +322,16 @@ class DDPSequential:
             self.global_batch_size = self._reducer.finish()
         else:
             self.global_batch_size = local_batch
+        if self.global_batch_size < 1:
+            raise ValueError(f"step(): every one of the {self.world_size} rank(s) passed an "
+                             f"empty batch; a step needs at least one sample")
+        if self.average and self.average_over > 1:
+            # gloo has no AVG op; dividing the sum keeps the ranks bit-identical
+            self.model.flat_deltas.div_(self.average_over)
         # Sum mode caps with the global batch (equivalence); average mode with the mean local
-        # batch, the same on every rank (pytagi's local cap when the shards are even).
-        cap = self.global_batch_size // self.world_size if self.average else \
+        # batch, the same on every rank (pytagi's local cap when the shards are even), at least
+        # 1 for a last batch with fewer samples than N.
+        cap = max(1, self.global_batch_size // self.average_over) if self.average else \
             self.global_batch_size
         saved, self.model.cap_batch_size = self.model.cap_batch_size, cap
         try:  # scoped to this step: the model used on its own later caps with its own batch

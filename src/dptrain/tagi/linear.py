@@ -6,6 +6,8 @@ Shape legend: B batch, I input_size, O output_size. Weights are (O, I) like torc
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -84,7 +86,7 @@ class Linear(ParamLayer):
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         mu_a, var_a, jcb = states.mu_a, states.var_a, states.jcb  # (B, I) or (B, C, H, W)
-        if mu_a.dim() > 2 and mu_a[0].numel() == self.input_size:
+        if mu_a.dim() > 2 and math.prod(mu_a.shape[1:]) == self.input_size:
             # After a conv stack: flatten C-major, exactly like torch.nn.Flatten (a view).
             mu_a, var_a, jcb = (None if t is None else t.flatten(1) for t in (mu_a, var_a, jcb))
         if mu_a.dim() != 2 or mu_a.shape[1] != self.input_size:

@@ -36,6 +36,9 @@ def moments(mu_a: torch.Tensor, var_a: torch.Tensor | None, dims: tuple[int, ...
             ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """(n, mean, M2) over `dims` (kept as size 1): M2 = Σ (m_A − mean)² + Σ v_A."""
     count = math.prod(mu_a.shape[d] for d in dims)
+    if count == 0:  # a rank without a sample: weight 0 in `combine_moments`, and no NaN there
+        shape = [1 if d in dims else n for d, n in enumerate(mu_a.shape)]
+        return 0, mu_a.new_zeros(shape), mu_a.new_zeros(shape)
     mean = mu_a.mean(dims, keepdim=True)
     m2 = (mu_a - mean).square_().sum(dims, keepdim=True)
     if var_a is not None:
@@ -223,7 +226,8 @@ class BatchNorm2d(_Norm):
             local = torch.cat([mean.new_full((1,), float(count)), mean, m2])
             count, mean, m2 = combine_moments(self.stats_gather(local))
         if count < 2:
-            raise ValueError(f"{self.label}: batch statistics over a single value per "
+            raise ValueError(f"{self.label}: batch statistics over "
+                             f"{'a single value' if count else 'no value'} per "
                              f"{'feature' if rank == 2 else 'channel'} (input "
                              f"{tuple(states.mu_a.shape)}) are undefined; use a batch of 2 or "
                              f"more, or LayerNorm")

@@ -171,6 +171,8 @@ def _indices(value: Any, mu: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"selected_idx has shape {tuple(idx.shape)}, expected (batch={batch}, "
                          f"observations per sample) or its flat form, to match the last "
                          f"forward's batch of {batch}")
+    if idx.numel() == 0:  # a data-parallel rank without a sample in this step
+        return idx.long()
     low, high = torch.aminmax(idx)
     if low.item() < 1 or high.item() > width:
         bad = ((idx < 1) | (idx > width)).nonzero()[0].tolist()

@@ -44,6 +44,11 @@ class Sequential(Layer):
             into `input_delta_x` (pytagi's flag of the same name); default False.
         check_inputs: validate forward inputs for NaN/inf (one reduction and one host sync per
             forward); default True.
+        allow_empty_batch: accept a batch of 0 samples (default False: an error). A
+            data-parallel wrapper sets it for a rank that holds no sample of a step: its
+            forward, update and backward still run (its BatchNorm layers contribute a count of 0
+            to synchronised statistics) and give zero deltas, so it takes part in every
+            collective of the step; `step()` then needs `cap_batch_size`.
         deltas_ready: when set (a callable taking a column index `start`), `backward()` turns
             each top-level layer's g into Δ as soon as that layer is done and then calls
             `deltas_ready(start)`: columns [start, P) of `flat_deltas` are final, so a
@@ -63,6 +68,7 @@ class Sequential(Layer):
         self.last_batch_size: int | None = None
         self.input_state_update = False
         self.check_inputs = True
+        self.allow_empty_batch = False
         self.deltas_ready: Callable[[int], None] | None = None
         self._columns: list[tuple[int, int]] | None = None
         self.output_z_buffer: HiddenStates | None = None
@@ -204,7 +210,7 @@ class Sequential(Layer):
                 return self._forward_states(mu_x)
         self.input_delta_z_buffer.delta_mu = self.input_delta_z_buffer.delta_var = None
         mu, var = as_input(mu_x, var_x, self._dtype, self._device, self.check_inputs,
-                           self.input_sample_shape())
+                           self.input_sample_shape(), allow_empty=self.allow_empty_batch)
         with torch.no_grad():
             states = self._forward_states(HiddenStates(mu, var, None))
         if self.training:

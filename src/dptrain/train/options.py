@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from dptrain.data import world_sizes_dividing
 from dptrain.data.config import DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
@@ -112,5 +113,7 @@ def run_record(options: TrainOptions) -> dict[str, Any]:
 def check_batch_split(batch_size: int, world_size: int, source: str) -> None:
     """The global batch splits evenly over the job's real world size (`source` says whose)."""
     if batch_size % world_size:
+        works = ", ".join(map(str, world_sizes_dividing(batch_size)))
         raise ConfigError(f"batch-size {batch_size} must be divisible by the world size "
-                          f"{world_size} ({source}): every process takes an equal share")
+                          f"{world_size} ({source}): every process takes an equal share; world "
+                          f"sizes that work: {works}")

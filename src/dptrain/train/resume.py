@@ -142,11 +142,22 @@ def find_newest(run_dir: Path, ckpt_dir: Path, *, rank: int, local_rank: int,
     return Found(path, meta, state)
 
 
-def check_world_size(found: Found, world_size: int) -> None:
-    """A mid-epoch checkpoint's sampler position means other samples on another world size."""
-    saved = found.meta["world_size"]
-    if saved != world_size and not found.meta["epoch_done"]:
-        raise CheckpointError(
-            f"{found.path}: saved mid-epoch on {saved} rank(s), this run has {world_size}: its "
-            f"sampler position means other samples here. Resume with {saved} ranks, or from "
-            f"an epoch-end checkpoint")
+def partial_sums(saved: list[dict[str, Any]] | None, rank: int, world_size: int
+                 ) -> dict[str, tuple[float, float]]:
+    """This rank's share of a mid-epoch checkpoint's metric sums (`(sum, count)` per metric,
+    one dict per saved rank): rank r's own on the same world size, so the epoch's sums come out
+    bit-identical; on another world size, all of them on rank 0 and none elsewhere. The sums are
+    additive, so the resumed epoch's metrics equal the uninterrupted run's up to float
+    summation order."""
+    if not saved:
+        return {}
+    if len(saved) == world_size:
+        return {name: (float(s), float(c)) for name, (s, c) in saved[rank].items()}
+    if rank != 0:
+        return {}
+    total: dict[str, tuple[float, float]] = {}
+    for part in saved:
+        for name, (s, c) in part.items():
+            old_s, old_c = total.get(name, (0.0, 0.0))
+            total[name] = (old_s + s, old_c + c)
+    return total

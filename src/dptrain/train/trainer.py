@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 
 from dptrain import dist as dd
-from dptrain.data import ShardedSampler, Split, num_samples_per_rank
+from dptrain.data import ShardedSampler, Split, num_samples_per_rank, world_sizes_dividing
 from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.learners.protocol import Batch, Learner, Metrics
@@ -47,7 +47,8 @@ class TrainConfig:
     """Samples of one step over all ranks; each rank takes global_batch_size / world_size of
     them (its local batch). Because rank r takes every world_size-th index of one shared
     permutation, the global batch of step k is the same samples at any world size (up to the
-    train sampler's wrap-around padding)."""
+    wrap-around padding of an epoch's last step, for a learner that needs equal shards), and a
+    run resumes on any world size that divides it, mid-epoch included."""
     seed: int = 0
     """Seeds the data order and every RNG (rank r draws from seed + r)."""
     checkpoint_every: int | None = None
@@ -134,12 +135,16 @@ class Trainer:
         self.learner, self.split, self.config, self.runtime = learner, split, config, runtime
         self.rank, self.world_size = runtime.env.rank, runtime.env.world_size
         if config.global_batch_size % self.world_size:
+            works = ", ".join(map(str, world_sizes_dividing(config.global_batch_size)))
             raise ConfigError(f"global_batch_size {config.global_batch_size} must be divisible "
                               f"by the world size {self.world_size}: every rank takes an equal "
-                              f"share")
+                              f"share; world sizes that work: {works}")
         self.local_batch_size = config.global_batch_size // self.world_size
+        # The learner says whether it takes unequal shards; padding them equal would make the
+        # epoch's last step depend on the world size (docs/design.md, The Learner protocol).
         self.sampler = ShardedSampler(split.train, rank=self.rank, world_size=self.world_size,
-                                      seed=config.seed, mode="train")
+                                      seed=config.seed, mode="train",
+                                      uneven_last_batch=learner.uneven_last_batch)
         self.eval_sampler = ShardedSampler(split.test, rank=self.rank,
                                            world_size=self.world_size, mode="eval")
         pin = runtime.device.type == "cuda"
@@ -388,7 +393,6 @@ class Trainer:
                                    local_rank=local_rank, record=self._run_record())
         if found is None:
             return None
-        resume.check_world_size(found, self.world_size)
         self._restore(found)
         dd.rank_zero_print(f"resumed from {found.path} (epoch {self.epoch + 1}, step "
                            f"{self.step})")
@@ -404,16 +408,17 @@ class Trainer:
             self.epoch = trainer["epoch"] + 1
         else:
             self.epoch = trainer["epoch"]
+            # On another world size the sampler continues after the same global sample
+            # position: steps done x global batch.
             self.sampler.load_state_dict(state["sampler"])
-            # Same world size here (checked), so rank r continues rank r's sums.
-            partial = trainer.get("partial_sums") or [{}] * self.world_size
-            self._epoch_sums = {name: tuple(sc) for name, sc in partial[self.rank].items()}
+            self._epoch_sums = resume.partial_sums(trainer.get("partial_sums"), self.rank,
+                                                   self.world_size)
         saved_world = found.meta["world_size"]
         if saved_world == self.world_size:
             rng.restore(state["rng"][self.rank])
         else:
-            log.warning("resuming %d-rank checkpoint on %d ranks: same parameters and epoch, "
-                        "but data order and RNG streams differ from an uninterrupted run",
+            log.warning("resuming a %d-rank checkpoint on %d rank(s): same parameters and "
+                        "samples per step, but each rank's RNG stream (dropout) is drawn afresh",
                         saved_world, self.world_size)
             rng.seed_everything(self.config.seed + 1000 * self.epoch + self.rank)
 
