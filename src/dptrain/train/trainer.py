@@ -245,7 +245,7 @@ class Trainer:
             metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
             self.step_times.end_step(self.step, fetched)
-            seen += len(batch[1]) * self.world_size
+            seen += len(batch[1])
             for name, (s, c) in metrics.items():
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
@@ -255,6 +255,8 @@ class Trainer:
                 self._save_checkpoint(epoch_done=False)
         progress.close()
         self._epoch_sums = {}
+        # The ranks' own counts: an uneven last step holds fewer than world size x rank 0's.
+        seen = sum(dd.all_gather_object(seen))
         return _derived(dd.means(dd.reduce_sum_count(sums, self._metric_device())), "train"), seen
 
     def _evaluate(self) -> dict[str, float]:
