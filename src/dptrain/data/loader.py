@@ -14,8 +14,9 @@ moves when a batch is handed to the training loop, so a checkpoint taken after s
 at step k + 1, never past batches that were prefetched and not trained on.
 
 Datasets: an `ArrayDataset` (and its image subclass) is indexed with the whole index tensor at
-once; any other map-style dataset item by item (`dataset[i]` -> `(x, y)`), stacked with torch's
-default collate. Errors a worker meets in the data (a corrupt image: `DataError`) reach the
+once; an `ImageFolderDataset` makes the batch itself (`batch(indices)`: each image decoded into
+its row, in shared memory in a worker); any other map-style dataset item by item
+(`dataset[i]` -> `(x, y)`), stacked with torch's default collate. Errors a worker meets in the data (a corrupt image: `DataError`) reach the
 training process as the same one-line error.
 """
 
@@ -28,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from dptrain.data.datasets.base import ArrayDataset
+from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.sampler import ShardedSampler
 from dptrain.errors import ConfigError, DataError
 
@@ -43,6 +45,8 @@ def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor
         set_epoch(epoch)
     if isinstance(dataset, ArrayDataset):
         return dataset[indices]
+    if isinstance(dataset, ImageFolderDataset):
+        return dataset.batch(indices)
     if len(indices) == 0:  # a rank with no sample left still steps (collective evaluation)
         x, y = default_collate([dataset[0]])
         return x[:0], y[:0]
