@@ -131,6 +131,8 @@ class Trainer:
                                        workers=config.workers, pin_memory=pin)
         self.data_wait_s = 0.0
         """Seconds the training steps waited for their batches (not the evaluations)."""
+        self.train_s = 0.0
+        """Seconds spent in training epochs (waits for batches included, evaluations not)."""
         self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
@@ -168,7 +170,9 @@ class Trainer:
             # per-epoch schedules (TAGI σ_v), and augmentation draws through the loader, are
             # functions of the epoch, so a resumed run continues them exactly
             self.learner.set_epoch(self.epoch)
+            epoch_start = time.perf_counter()
             train_means, seen = self._train_epoch()
+            self.train_s += time.perf_counter() - epoch_start
             samples_seen += seen
             test_means = self._evaluate()
             improved = self._end_epoch(train_means, test_means)
@@ -340,7 +344,8 @@ class Trainer:
             "world_size": self.world_size, "batch_size": self.config.global_batch_size,
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
-            "data_wait_s": self.data_wait_s,
+            "data_wait_s": self.data_wait_s, "train_time_s": self.train_s,
+            "data_wait_share": self.data_wait_s / self.train_s if self.train_s > 0 else 0.0,
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
