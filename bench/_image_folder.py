@@ -36,9 +36,9 @@ def _image(rng: np.random.Generator, digit: np.ndarray, width: int, height: int)
 
 
 def write_image_folder(root: Path, *, train: int, val: int, width: int = 256, height: int = 256,
-                       seed: int = 0) -> Path:
+                       seed: int = 0, grey: bool = False) -> Path:
     """`train` + `val` JPEGs under `root` (see the module docstring), a tenth of each part
-    per class (at least 10 images each); returns `root`."""
+    per class (at least 10 images each), RGB or (`grey`) 1-channel; returns `root`."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -49,8 +49,8 @@ def write_image_folder(root: Path, *, train: int, val: int, width: int = 256, he
             i = int(rng.choice(by_class[n % 10]))
             folder = root / part / f"digit{digits.target[i]}"
             folder.mkdir(parents=True, exist_ok=True)
-            _image(rng, digits.images[i], width, height).save(folder / f"{n:07d}.jpg",
-                                                              quality=90)
+            image = _image(rng, digits.images[i], width, height)
+            (image.convert("L") if grey else image).save(folder / f"{n:07d}.jpg", quality=90)
     return root
 
 
