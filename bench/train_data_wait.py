@@ -1,6 +1,6 @@
 """The share of a training epoch that `dptrain train` spends waiting for data from an image folder.
 
-    .venv/bin/python bench/train_data_wait.py            # ~6 min on 2 cores, writes the JSON
+    .venv/bin/python bench/train_data_wait.py            # ~8 min on 2 cores, writes the JSON
     .venv/bin/python bench/train_data_wait.py --quick    # smoke run, writes nothing
 
 Runs `dptrain train --model torch-resnet18 --width 16 --dataset imagefolder:DIR --image-size 64
@@ -71,7 +71,7 @@ def len_train(root: Path) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--images", type=int, default=1280, help="training images (+10 %% val)")
+    p.add_argument("--images", type=int, default=512, help="training images (+10 %% val)")
     p.add_argument("--width", type=int, default=256, help="of the JPEGs")
     p.add_argument("--height", type=int, default=256, help="of the JPEGs")
     p.add_argument("--image-size", type=int, default=64)
@@ -82,11 +82,11 @@ def main() -> None:
                    default=[(1, 0), (1, 1), (1, 2), (2, 1)],
                    help="PROCESSESxWORKERS (workers per process), e.g. 1x0 1x2 2x1")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="256 images, 1 repeat; writes nothing")
+    p.add_argument("--quick", action="store_true", help="128 images, 1 repeat; writes nothing")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args()
     if args.quick:
-        args.images, args.repeats = 256, 1
+        args.images, args.repeats = 128, 1
     tmp = Path(tempfile.mkdtemp(prefix="dptrain-wait-bench-"))
     try:
         start = time.perf_counter()
