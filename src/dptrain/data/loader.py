@@ -16,8 +16,8 @@ at step k + 1, never past batches that were prefetched and not trained on.
 Datasets: an `ArrayDataset` (and its image subclass) is indexed with the whole index tensor at
 once; an `ImageFolderDataset` makes the batch itself (`batch(indices)`: each image decoded into
 its row, in shared memory in a worker); any other map-style dataset item by item
-(`dataset[i]` -> `(x, y)`), stacked with torch's default collate. Errors a worker meets in the data (a corrupt image: `DataError`) reach the
-training process as the same one-line error.
+(`dataset[i]` -> `(x, y)`), stacked with torch's default collate. Errors a worker meets in the
+data (a corrupt image: `DataError`) reach the training process as the same one-line error.
 """
 
 from __future__ import annotations
