@@ -1,6 +1,6 @@
-"""Memory per process of an image-folder dataset of N and of 4N images, and the file-list build time.
+"""Memory per process of an image-folder dataset of N and 4N images, and the file-list build time.
 
-    .venv/bin/python bench/image_folder_memory.py            # ~3 min on 2 cores, writes the JSON
+    .venv/bin/python bench/image_folder_memory.py            # ~2 min on 2 cores, writes the JSON
     .venv/bin/python bench/image_folder_memory.py --quick    # smoke run, writes nothing
 
 Folders: N = --images training images plus N/20 in val/, and --factor times as many, all
