@@ -14,9 +14,10 @@ moves when a batch is handed to the training loop, so a checkpoint taken after s
 at step k + 1, never past batches that were prefetched and not trained on.
 
 Datasets: an `ArrayDataset` (and its image subclass) is indexed with the whole index tensor at
-once; any other map-style dataset item by item (`dataset[i]` -> `(x, y)`), stacked with torch's
-default collate. Errors a worker meets in the data (a corrupt image: `DataError`) reach the
-training process as the same one-line error.
+once; an `ImageFolderDataset` makes the batch itself (`batch(indices)`: each image decoded into
+its row, in shared memory in a worker); any other map-style dataset item by item
+(`dataset[i]` -> `(x, y)`), stacked with torch's default collate. Errors a worker meets in the
+data (a corrupt image: `DataError`) reach the training process as the same one-line error.
 """
 
 from __future__ import annotations
@@ -27,26 +28,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from dptrain.data.datasets.base import ArrayDataset
-from dptrain.data.datasets.image_folder import Skipped
+from dptrain.data.datasets.base import ArrayDataset, Batch, Skipped
+from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.sampler import ShardedSampler
 from dptrain.errors import ConfigError, DataError
 
 BatchKey = tuple[int, torch.Tensor]
 """(epoch, this rank's sample indices of one batch)."""
-
-
-class Batch(tuple):
-    """(inputs, targets), and the reasons of the samples left out of it (`skipped`: items a
-    dataset could not read and said so with a `Skipped`, e.g. under `--bad-images skip`)."""
-
-    skipped: tuple[str, ...] = ()
-
-    def pin_memory(self) -> Batch:
-        """Page-locked copies (DataLoader's pin_memory calls this), `skipped` kept."""
-        pinned = Batch(t.pin_memory() for t in self)
-        pinned.skipped = self.skipped
-        return pinned
 
 
 def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
@@ -56,6 +44,12 @@ def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
         set_epoch(epoch)
     if isinstance(dataset, ArrayDataset):
         return Batch(dataset[indices])
+    if isinstance(dataset, ImageFolderDataset):
+        batch = dataset.batch(indices)
+        if len(indices) and not len(batch[1]):
+            raise DataError(f"every sample of a batch was left out: {batch.skipped[0]} (and "
+                            f"{len(batch.skipped) - 1} more)")
+        return batch
     if len(indices) == 0:  # a rank with no sample left still steps (collective evaluation)
         x, y = default_collate([dataset[0]])
         return Batch((x[:0], y[:0]))

@@ -156,6 +156,8 @@ class Trainer:
         """Seconds the training steps waited for their batches (not the evaluations)."""
         self.step_times = StepTimes(self.rank, self.world_size, self._metric_device())
         """Per-rank compute, wait and data time of the steps (ranks.csv; slow ranks named)."""
+        self.train_s = 0.0
+        """Seconds spent in training epochs (waits for batches included, evaluations not)."""
         self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
@@ -210,7 +212,9 @@ class Trainer:
             # per-epoch schedules (TAGI σ_v), and augmentation draws through the loader, are
             # functions of the epoch, so a resumed run continues them exactly
             self.learner.set_epoch(self.epoch)
+            epoch_start = time.perf_counter()
             train_means, seen = self._train_epoch()
+            self.train_s += time.perf_counter() - epoch_start
             samples_seen += seen
             test_means = self._evaluate()
             improved = self._end_epoch(train_means, test_means)
@@ -436,7 +440,8 @@ class Trainer:
             "world_size": self.world_size, "batch_size": self.config.global_batch_size,
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
-            "data_wait_s": self.data_wait_s,
+            "data_wait_s": self.data_wait_s, "train_time_s": self.train_s,
+            "data_wait_share": self.data_wait_s / self.train_s if self.train_s > 0 else 0.0,
             **self._skipped_samples(),
             "checkpoint_pause_s": _pause_stats(self.checkpoint_pauses),
             "slow_ranks": self.step_times.slow_ranks,

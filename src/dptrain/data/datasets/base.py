@@ -53,6 +53,26 @@ class ArrayDataset(torch.utils.data.Dataset):
                 f"y={tuple(self.y.shape)} {self.y.dtype})")
 
 
+class Batch(tuple):
+    """(inputs, targets), and the reasons of the samples left out of it (`skipped`: items a
+    dataset could not read and said so with a `Skipped`, e.g. under `--bad-images skip`)."""
+
+    skipped: tuple[str, ...] = ()
+
+    def pin_memory(self) -> Batch:
+        """Page-locked copies (DataLoader's pin_memory calls this), `skipped` kept."""
+        pinned = Batch(t.pin_memory() for t in self)
+        pinned.skipped = self.skipped
+        return pinned
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An item a dataset could not read, and why (a one-line message naming the file)."""
+
+    reason: str
+
+
 @dataclass(frozen=True, eq=False)  # tensors: == would be ambiguous
 class Normalisation:
     """The affine map applied to raw values: `normalised = (raw - mean) / std`.

@@ -16,6 +16,7 @@ so the same everywhere; `fingerprint` lets a job check that its nodes see the sa
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from torch.utils.data import get_worker_info
 
-from dptrain.data.datasets.base import Normalisation, Split
+from dptrain.data.datasets.base import Batch, Normalisation, Skipped, Split
 from dptrain.data.datasets.image_transforms import ImageTransform
 from dptrain.errors import ConfigError, DataError
 
@@ -97,13 +99,6 @@ def decode(path: Path, channels: int) -> Image.Image:
         raise DataError(f"{path}: not a readable image ({err})") from None
 
 
-@dataclass(frozen=True)
-class Skipped:
-    """An item that could not be read, and why (a one-line message naming the file)."""
-
-    reason: str
-
-
 def is_grey(files: FileList, skip_bad: bool = False) -> bool:
     """True when every (readable) image's header says grey (no pixel is decoded)."""
     for i in range(len(files)):
@@ -144,25 +139,71 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         return ImageFolderDataset(self.files, replace(self.transform, train=True, seed=seed),
                                   self.channels, self.norm, skip_bad=self.skip_bad)
 
+    def _image(self, i: int) -> np.ndarray:
+        """Image i after its transform: (C, S, S) uint8, contiguous."""
+        image = self.transform(decode(self.files.path(i), self.channels), i, self.epoch)
+        array = np.asarray(image)
+        return np.ascontiguousarray(array.reshape(*array.shape[:2], -1).transpose(2, 0, 1))
+
     def pixels(self, i: int) -> torch.Tensor:
         """Image i after its transform, (C, S, S) float32 in raw pixel units (0-255)."""
-        image = self.transform(decode(self.files.path(i), self.channels), i, self.epoch)
-        array = np.asarray(image, dtype=np.float32)
-        return torch.from_numpy(array.reshape(*array.shape[:2], -1)).permute(2, 0, 1)
+        return torch.from_numpy(self._image(i).astype(np.float32))
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | Skipped:
-        try:
-            x = self.norm.apply(self.pixels(int(i))).float()
-        except DataError as err:
-            if not self.skip_bad:
-                raise
-            return Skipped(str(err))
-        return x, torch.tensor(self.files.labels[int(i)])
+        batch = self.batch([i], shared=False)
+        if batch.skipped:
+            return Skipped(batch.skipped[0])
+        x, y = batch
+        return x[0], y[0]
+
+    def batch(self, indices, *, shared: bool | None = None) -> Batch:
+        """The samples `indices` stacked, as default_collate stacks `dataset[i]`: (B, C, S, S)
+        float32 and (B,) class ids. Each image is normalised straight into its row of the
+        batch: no tensor per image and no stacking copy. `shared`: the batch in shared memory
+        (default: inside a DataLoader worker, as default_collate does), so it reaches the
+        training process without another copy. With `skip_bad`, images that cannot be decoded
+        are left out and named in the batch's `skipped`.
+
+        The normalisation, `norm.apply`'s arithmetic with the same bits, is numpy's: it runs on
+        this thread, whereas each torch op would wake the intra-op threads for every image (a
+        training process decoding with --workers 0 has several; on a busy machine they spin)."""
+        idx = [int(i) for i in indices]
+        x = _empty((len(idx), *self.sample_shape),
+                   get_worker_info() is not None if shared is None else shared)
+        rows = x.numpy()
+        mean, std = self.norm.mean.numpy(), self.norm.std.numpy()
+        dtype = np.promote_types(np.float32, mean.dtype)
+        kept, skipped = [], []
+        for row, i in zip(rows, idx):
+            try:
+                image = self._image(i)
+            except DataError as err:
+                if not self.skip_bad:
+                    raise
+                skipped.append(str(err))
+                continue
+            np.divide(np.subtract(image, mean, dtype=dtype), std, out=row, casting="same_kind")
+            kept.append(len(kept) + len(skipped))
+        labels = torch.from_numpy(self.files.labels[idx])
+        if skipped:  # rare: a copy of the rows that were filled
+            x, labels = x[kept], labels[kept]
+        batch = Batch((x, labels))
+        batch.skipped = tuple(skipped)
+        return batch
 
     def __repr__(self) -> str:
         kind = "crop+flip" if self.transform.train else "resize+centre crop"
         return (f"ImageFolderDataset({str(self.files.root)!r}, {len(self)} images, "
                 f"{self.sample_shape}, {kind})")
+
+
+def _empty(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
+    """An uninitialised float32 tensor, in shared memory if `shared` (the storage that torch's
+    default_collate makes in a worker; ordinary memory where this torch lacks it)."""
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None) if shared else None
+    if new_shared is None:
+        return torch.empty(shape)
+    return torch.empty(0).set_(new_shared(4 * math.prod(shape)), 0, shape)
 
 
 def estimate_normalisation(dataset: ImageFolderDataset, seed: int = 0) -> Normalisation:
