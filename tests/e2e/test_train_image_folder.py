@@ -48,6 +48,8 @@ def test_an_image_folder_learns_as_the_same_digits_in_memory(folder, tmp_path):
     assert memory.returncode == 0, memory.output
     folder_error = _summary(tmp_path / "folder")["test_error"]
     assert folder_error < 0.08
+    summary = _summary(tmp_path / "folder")
+    assert 0 <= summary["data_wait_share"] < 1 and summary["train_time_s"] > 0
     assert abs(folder_error - _summary(tmp_path / "memory")["test_error"]) < 0.03
 
 

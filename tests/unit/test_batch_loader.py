@@ -106,3 +106,17 @@ def test_skipping_bad_images_leaves_them_out_and_names_them(folder, tmp_path, wo
         sizes = [len(y) for _, y in loader]
     assert sum(sizes) == len(dataset) - 1 and sorted(sizes)[0] == 7
     assert len(loader.skipped) == 1 and str(bad) in next(iter(loader.skipped))
+
+
+def test_an_image_folder_batch_is_its_items_stacked(folder):
+    """The whole-batch path (rows filled in place, shared memory in workers) gives the bits of
+    `dataset[i]` stacked, as the DataLoader's default collate would."""
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                         seed=2).train
+    dataset.set_epoch(3)
+    indices = torch.tensor([5, 0, 17, 5])
+    x, y = dataset.batch(indices, shared=True)
+    items = [dataset[int(i)] for i in indices]
+    assert torch.equal(x, torch.stack([item[0] for item in items]))
+    assert torch.equal(y, torch.stack([item[1] for item in items]))
+    assert x.dtype == torch.float32 and x.shape == (4, 1, 16, 16)

@@ -73,7 +73,7 @@ def scan(part: Path) -> FileList:
     classes = tuple(e.name for e in entries)
     if not classes:
         raise DataError(f"{part}: no class folders in it (expected {part}/<class>/<images>)")
-    paths, labels = [], []
+    paths, labels = [], []  # one array per class folder: only one folder's str objects live
     for label, name in enumerate(classes):
         files = sorted(f.name for f in os.scandir(part / name) if not f.name.startswith("."))
         if not files:
@@ -82,10 +82,10 @@ def scan(part: Path) -> FileList:
             if not file.lower().endswith(SUFFIXES):
                 raise DataError(f"{part / name / file}: not an image file (accepted: "
                                 f"{', '.join(SUFFIXES)})")
-            paths.append(os.fsencode(f"{name}/{file}"))
-        labels += [label] * len(files)
-    return FileList(part, np.array(paths, dtype=np.bytes_), np.array(labels, dtype=np.int64),
-                    classes)
+        paths.append(np.array([os.fsencode(f"{name}/{file}") for file in files],
+                              dtype=np.bytes_))
+        labels.append(np.full(len(files), label, dtype=np.int64))
+    return FileList(part, np.concatenate(paths), np.concatenate(labels), classes)
 
 
 def decode(path: Path, channels: int) -> Image.Image:
