@@ -1,4 +1,4 @@
-"""dptrain's elastic agent (`dptrain.cli.run._agent_class`) on torch's real classes and real
+"""dptrain's elastic agent (`dptrain.cli.agent.agent_class`) on torch's real classes and real
 worker processes: a worker that ends while writing its error file is a failed, restartable
 worker and not a crash of the agent (issue 21), and an expected error is not retried, which
 rests on private torch hooks that this file checks are still called.
@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_pr
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-from dptrain.cli.run import EXPECTED_EXIT_CODES, _agent_class, expected_error, \
+from dptrain.cli.agent import EXPECTED_EXIT_CODES, agent_class, expected_error, \
     replace_unreadable_error_file, root_cause, unreadable_error_file
 from dptrain.errors import ConfigError
 
@@ -84,8 +84,8 @@ def _agent(tmp_path: Path, nproc: int, max_restarts: int = 3, port: int = 0):
     spec = WorkerSpec(role="trainer", local_world_size=nproc, entrypoint=sys.executable,
                       rdzv_handler=StaticTCPRendezvous("localhost", port, 0, 1, "t", 30),
                       max_restarts=max_restarts, monitor_interval=0.05)
-    agent_class = _agent_class("run")
-    return agent_class(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
+    agent = agent_class("run")
+    return agent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
 
 
 def _monitor_until_done(agent, argv: dict[int, tuple[str, ...]]):
@@ -193,8 +193,8 @@ def test_an_expected_error_is_not_retried_by_torchs_own_run_loop(tmp_path):
     error: one attempt only. A torch that moves or renames either name fails here."""
     assert "_monitor_workers" in vars(LocalElasticAgent), \
         "torch.distributed.elastic: LocalElasticAgent._monitor_workers moved; " \
-        "dptrain.cli.run._agent_class hooks it"
-    assert _agent_class("run") is not LocalElasticAgent
+        "dptrain.cli.agent.agent_class hooks it"
+    assert agent_class("run") is not LocalElasticAgent
     attempts = tmp_path / "attempts"
     record = json.dumps({"message": "ConfigError: --widget must be positive", "timestamp": 1})
     script = f"open({str(attempts)!r}, 'a').write('x')\n" + LEAVES_A_FILE

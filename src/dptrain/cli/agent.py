@@ -1,0 +1,367 @@
+"""dptrain's elastic agent: torch's local agent, told about our workers (see `DptrainAgent`),
+and how a failed job is summed up in one line (`root_cause`, `failure_summary`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from dptrain.dist.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
+from dptrain.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss
+
+SURVIVOR_GRACE_S = 5.0
+"""How long the agent lets its workers fail by themselves, recording the step at which they
+lost a peer, before it stops them: after another of its workers failed, or after another node
+restarted the job (a survivor that holds a roll call of the ranks reports within ROLL_CALL_S,
+3 s, plus a second)."""
+
+EXPECTED_EXIT_CODES = {cls.exit_code: cls.__name__
+                       for cls in (ConfigError, DataError, CheckpointError, NonFiniteLoss)}
+"""Exit statuses of workers that ended on an expected error (see dptrain.cli.worker)."""
+
+
+def _text(message: object) -> str:
+    return str(message.get("message", "")) if isinstance(message, dict) else str(message or "")
+
+
+def root_cause(failures: dict) -> tuple[int, object]:
+    """The failure that caused the others. Two kinds only follow from another rank's: a
+    `RankFailure` (it saw a peer vanish from a collective) and a SIGTERM (the agent stopping the
+    survivors), so prefer any other; then the earliest."""
+    def key(item: tuple[int, object]) -> tuple[bool, float, int]:
+        rank, failure = item
+        secondary = failure.exitcode == -signal.SIGTERM or \
+            "RankFailure" in _text(failure.message)
+        return (secondary, failure.timestamp, rank)
+
+    return min(failures.items(), key=key)
+
+
+def _describe(message: object) -> str:
+    """The failed rank's traceback when its worker recorded one, else the agent's summary. A
+    lost peer (RankFailure) is its message's first line: its traceback says nothing more."""
+    if isinstance(message, dict):
+        text = str(message.get("message", ""))
+        if text.startswith("RankFailure: "):
+            return f"Its error: {text.splitlines()[0]}"
+        stack = message.get("extraInfo", {}).get("py_callstack")
+        return f"Its error:\n{stack or text}"
+    return f"Its error: {message}" if message else "It died without a Python error (signal?)."
+
+
+def _lost_peer(failure: object) -> dict:
+    """What a rank that lost a peer recorded (dptrain.cli.worker): step, missing ranks."""
+    message = getattr(failure, "message", None)
+    info = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    found = info.get("dptrain") if isinstance(info, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def failure_summary(failures: dict) -> str:
+    """One line's worth on a failed attempt: the rank that failed first, how, and the step at
+    which the others lost it (from the survivors' records), e.g. `rank 1 failed (exit code -9,
+    SIGKILL) at step 25`; for a node that only lost a peer on another node, `rank 1 lost rank(s)
+    0 at step 25`."""
+    rank, failure = root_cause(failures)
+    reports = [_lost_peer(f) for f in failures.values()]
+    steps = [r["step"] for r in reports if isinstance(r.get("step"), int)]
+    at = f" at step {min(steps)}" if steps else ""
+    code = failure.exitcode
+    how = f"exit code {code}"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            how += f", {signal.Signals(-code).name}"
+    if "RankFailure" in _text(failure.message):  # every failure here followed another's
+        missing = sorted({m for r in reports for m in (r.get("missing") or [])})
+        lost = f"rank(s) {', '.join(map(str, missing))}" if missing else "a peer"
+        return f"rank {rank} lost {lost}{at} ({how})"
+    return f"rank {rank} failed ({how}){at}"
+
+
+def expected_error(failure: object) -> str | None:
+    """The one-line text of a failure a worker recorded as an expected error (a bad option,
+    dataset or checkpoint: see dptrain.cli.worker), else None."""
+    name = EXPECTED_EXIT_CODES.get(getattr(failure, "exitcode", None))
+    text = _text(getattr(failure, "message", None))
+    prefix = f"{name}: "
+    return text[len(prefix):] if name and text.startswith(prefix) else None
+
+
+def unreadable_error_file(path: str, exitcode: int) -> str | None:
+    """Why torch's agent cannot read the error file a worker left at `path`, else None (also
+    when there is none, which torch handles). Read with torch's own reader, `ProcessFailure`,
+    so that "readable" means what the agent will find."""
+
+    if not os.path.isfile(path):
+        return None
+    try:
+        ProcessFailure(local_rank=0, pid=0, exitcode=exitcode, error_file=path)
+    except Exception as err:  # whatever torch's reader raises: that is the reason
+        size = os.path.getsize(path)
+        return "empty" if size == 0 else f"{size} bytes, {type(err).__name__}: {err}"
+    return None
+
+
+def replace_unreadable_error_file(path: str, exitcode: int) -> str | None:
+    """If the error file at `path` is unreadable (its worker ended while writing it: a rank
+    stopped by the agent in the middle of recording its own error), replace it, atomically, by
+    a record in torch's format that says so and keeps the start of what had been written.
+    Returns the reason, or None when the file reads (or is absent) and was left alone."""
+    reason = unreadable_error_file(path, exitcode)
+    if reason is None:
+        return None
+    with open(path, "rb") as fp:
+        partial = fp.read(2000).decode("utf-8", errors="replace")
+    text = (f"UnreadableErrorFile: the worker ended (exit code {exitcode}) while writing its "
+            f"error file {path} ({reason})")
+    record = {"message": {"message": text, "extraInfo": {
+        "py_callstack": f"{text}; it had written:\n{partial}" if partial else text,
+        # Its last write is when the worker failed: keeps the root-cause order (see root_cause).
+        "timestamp": str(int(os.path.getmtime(path)))}}}
+    tmp = f"{path}.dptrain-tmp"
+    with open(tmp, "w") as fp:
+        json.dump(record, fp)
+    os.replace(tmp, path)
+    return reason
+
+
+class JobStopped(Exception):
+    """This node's agent ends the job on what it learnt from the other nodes (another node
+    stopped it, or restarted it past --max-restarts); the message is the one line to print."""
+
+
+ATTEMPT_KEY = "dptrain/attempt"
+"""In a static rendezvous's store: the job's attempt number, the same for every node."""
+STOP_KEY = "dptrain/stopped"
+"""In a static rendezvous's store: why a node ended the job, for the others to end it too."""
+LOOK_EVERY_S = 0.5
+"""How often an agent of a static multi-node job looks at the other nodes' news."""
+
+
+def _ask(call, timeout_s: float = 1.0):
+    """`call()`'s result, or None when it raised or gave no answer within `timeout_s`: a store
+    whose host vanished without closing its connection blocks a request forever, so the
+    request runs in a daemon thread that is abandoned then."""
+    answer: list = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            answer.append(call())
+
+    thread = threading.Thread(target=run, daemon=True, name="dptrain-store-request")
+    thread.start()
+    thread.join(timeout_s)
+    return answer[0] if answer else None
+
+
+class DptrainAgent(LocalElasticAgent):
+    """torch's local agent, told about our workers: an expected error is not worth a restart (it
+    would fail the same way), each restart is announced in one line that names the lost rank and
+    the step, an error file a worker left half-written is a failed worker, not a crash of the
+    agent; and, with a static rendezvous (--node-rank), that the nodes restart together.
+
+    torch's static rendezvous keeps one store for the whole job and no round numbers: an agent
+    restarts its own workers without the other nodes hearing of it, and a node whose workers
+    failed once more than another's waited under another attempt's keys until the timeout
+    (issue 21). Here every restart moves one attempt number in the store, the same for every
+    node (`ATTEMPT_KEY`): a node that restarts adopts it, and a node whose workers still run
+    under an older one restarts them to join (it counts as one of its restarts, the job's
+    restarts being the attempt number). A node that ends the job (no restart left, or an
+    expected error) says why under `STOP_KEY`, and the other nodes end too, with that line,
+    instead of waiting for a timeout. Every agent also agrees on one run label (the first
+    agent's clock) for the run directory of a job without --out (`RUN_LABEL_ENV`)."""
+
+    command = "run"
+    """The dptrain command whose workers this agent runs (named in its lines)."""
+    started = 0.0
+    """When the launcher started (the run label a node offers)."""
+    _first_failure_at: float | None = None
+    _attempt: int | None = None
+    """The job's attempt (static rendezvous only; None otherwise)."""
+    _label: str | None = None
+    _next_look = 0.0
+    _newer: tuple[int, float] | None = None
+    """(attempt, when seen) of another node's restart, while this node's workers run."""
+
+    def _monitor_workers(self, worker_group):
+        if self._survivors_reporting():
+            return RunResult(state=WorkerState.HEALTHY)
+        result = self._monitor_despite_unreadable_error_files(worker_group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures:
+            rank, failure = root_cause(result.failures)
+            if expected_error(failure) is not None:
+                self._remaining_restarts = 0
+                self._tell_the_other_nodes(f"rank {rank}: {expected_error(failure)}")
+            elif self._remaining_restarts > 0:
+                print(f"dptrain {self.command}: {failure_summary(result.failures)}; restarting "
+                      f"every worker ({self._remaining_restarts} restart(s) left)",
+                      file=sys.stderr, flush=True)
+            else:
+                self._tell_the_other_nodes(f"{failure_summary(result.failures)} with no "
+                                           f"restart left")
+        elif result.state == WorkerState.HEALTHY and self._join_newer_attempt():
+            return RunResult(state=WorkerState.UNHEALTHY)
+        return result
+
+    # -- the other nodes of a static rendezvous ---------------------------------------
+    def _rendezvous(self, worker_group):
+        restarting, self._newer = self._attempt is not None, None
+        try:
+            super()._rendezvous(worker_group)
+            if worker_group.spec.rdzv_handler.get_backend() == "static":
+                self._agree_on_the_attempt(worker_group)
+            self._agree_on_the_label()
+        except RuntimeError as err:  # torch's store errors (DistError) among them
+            if not restarting:
+                raise
+            raise JobStopped(f"node {worker_group.group_rank}: cannot restart, the "
+                             f"rendezvous store does not answer ({str(err).splitlines()[0]})"
+                             f"; the node that served it has probably ended") from err
+
+    def _agree_on_the_attempt(self, worker_group) -> None:
+        store, spec = self._store, worker_group.spec
+        if self._attempt is None:
+            self._attempt = int(store.add(ATTEMPT_KEY, 0))  # 0, unless another node moved
+        else:
+            self._attempt = int(store.compare_set(ATTEMPT_KEY, str(self._attempt),
+                                                  str(self._attempt + 1)))
+        if store.check([STOP_KEY]):
+            raise JobStopped(store.get(STOP_KEY).decode())
+        if self._attempt > spec.max_restarts:
+            raise JobStopped(f"node {worker_group.group_rank}: the other nodes restarted "
+                             f"the job to attempt {self._attempt}, past --max-restarts "
+                             f"{spec.max_restarts}; stopping")
+        self._remaining_restarts = spec.max_restarts - self._attempt
+        os.environ[ATTEMPT_ENV] = str(self._attempt)
+
+    def _agree_on_the_label(self) -> None:
+        """The first agent's start time wins; each offers the label it holds, so a restart
+        (a new round of a dynamic rendezvous, whose keys are the round's) keeps it."""
+        offered = self._label or stamp(self.started)
+        self._label = self._store.compare_set("dptrain/run-label", "", offered).decode()
+        os.environ[RUN_LABEL_ENV] = self._label
+
+    def _join_newer_attempt(self) -> bool:
+        """Static rendezvous, workers running: True when another node restarted the job
+        (this node's workers then wait under the old attempt's keys, or are about to
+        fail) and, SURVIVOR_GRACE_S later, they still run; raises JobStopped when another
+        node stopped the job."""
+        if self._attempt is None:
+            return False
+        if self._newer is None and time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + LOOK_EVERY_S
+            store = self._store
+            news = _ask(lambda: (store.get(STOP_KEY).decode() if store.check([STOP_KEY])
+                                 else int(store.get(ATTEMPT_KEY))))
+            if isinstance(news, str):
+                raise JobStopped(news)
+            if news is not None and news > self._attempt:  # None: no answer; workers tell
+                self._newer = (news, time.monotonic())
+        if self._newer is None or time.monotonic() - self._newer[1] < SURVIVOR_GRACE_S:
+            return False  # workers that lost a peer fail by themselves, saying where
+        group, newer = self._worker_group.group_rank, self._newer[0]
+        if self._remaining_restarts <= 0:
+            raise JobStopped(f"node {group}: another node restarted the job (attempt "
+                             f"{newer}) and this node has no restart left; stopping")
+        print(f"dptrain {self.command}: node {group}: another node restarted the job (attempt "
+              f"{newer}); restarting this node's workers to join it", file=sys.stderr,
+              flush=True)
+        return True
+
+    def _tell_the_other_nodes(self, reason: str) -> None:
+        if self._attempt is None:
+            return
+        line = f"node {self._worker_group.group_rank} ended the job: {reason}"
+        store = self._store
+        _ask(lambda: store.set(STOP_KEY, line))
+
+    def _survivors_reporting(self) -> bool:
+        """A worker failed and others still run: give them SURVIVOR_GRACE_S to fail on
+        their own, recording the step at which they lost it, before torch's monitor
+        stops them (SIGTERM, which records nothing)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        codes = [handler.proc.poll() for handler in handlers.values()]
+        if not any(code not in (None, 0) for code in codes) or None not in codes:
+            self._first_failure_at = None
+            return False
+        if self._first_failure_at is None:
+            self._first_failure_at = time.monotonic()
+        return time.monotonic() - self._first_failure_at < SURVIVOR_GRACE_S
+
+    def _monitor_despite_unreadable_error_files(self, worker_group):
+        """torch's monitor reads the error file of every worker that ended. One stopped
+        (SIGTERM from the agent: another rank failed first) while writing its own error
+        leaves an empty or truncated JSON file, and the reader's JSONDecodeError would
+        end the agent, restarts left or not (issue 21). Replace such files and ask again:
+        torch's process context keeps the ranks it has not recorded yet, so the repeat
+        records them all. Each pass repairs at least one file, or the error is re-raised."""
+        while True:
+            try:
+                return super()._monitor_workers(worker_group)
+            except (OSError, ValueError, LookupError, TypeError):  # what reading may raise
+                if not self._replace_unreadable_error_files(worker_group):
+                    raise
+
+    def _replace_unreadable_error_files(self, worker_group) -> int:
+        """Repair the unreadable error files of the workers that ended with a failure (only
+        those: a live worker may be writing its file right now). Returns how many."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        repaired = 0
+        for local_rank, handler in handlers.items():
+            exitcode = handler.proc.returncode
+            if exitcode in (None, 0):
+                continue
+            path = self._pcontext.error_files[local_rank]
+            reason = replace_unreadable_error_file(path, exitcode)
+            if reason is not None:
+                repaired += 1
+                rank = worker_group.workers[local_rank].global_rank
+                print(f"dptrain {self.command}: rank {rank} ended (exit code {exitcode}) while "
+                      f"writing its error file {path} ({reason}); counted as a failed "
+                      f"worker", file=sys.stderr, flush=True)
+        return repaired
+
+
+
+def agent_class(command: str) -> type:
+    """The agent class `launch` hands torch's launcher for `dptrain COMMAND`: `DptrainAgent`,
+    or torch's own where torch moved the private hook it overrides (a test fails then)."""
+    if not hasattr(LocalElasticAgent, "_monitor_workers"):
+        return LocalElasticAgent
+    return type("DptrainAgent", (DptrainAgent,), {"command": command, "started": time.time()})
+
+
+@contextlib.contextmanager
+def _our_agent(command: str) -> Iterator[None]:
+    """Run torchrun's launcher with `agent_class` and without the agent's own failure log
+    lines (we report the failure once, below), unless the user asked for LOGLEVEL."""
+    import torch.distributed.launcher.api as launcher_api
+
+    original = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = agent_class(command)
+    quieted = []
+    if "LOGLEVEL" not in os.environ:
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if name.startswith("torch.distributed.elastic") and \
+                    isinstance(logger, logging.Logger):
+                quieted.append((logger, logger.level))
+                logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original
+        for logger, level in quieted:
+            logger.setLevel(level)
+
+
