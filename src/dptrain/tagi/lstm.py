@@ -110,6 +110,24 @@ class LSTM(ParamLayer):
         self.mu_h_prior = self.var_h_prior = self.mu_c_prior = self.var_c_prior = None
         self._batch_size: int | None = None
 
+    def lstm_states(self) -> tuple[torch.Tensor | None, ...]:
+        """(mu_h_prior, var_h_prior, mu_c_prior, var_c_prior), each (B, T, O), the states the
+        next forward starts from (None before a forward or after a reset)."""
+        return self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior
+
+    def set_lstm_states(self, mu_h: torch.Tensor, var_h: torch.Tensor, mu_c: torch.Tensor,
+                        var_c: torch.Tensor) -> None:
+        """Start the next forward from these states (pytagi's `set_LSTM_states`): each holds
+        B·T·O values for a batch of B windows; a forward with another batch size resets them."""
+        shape = (-1, self.seq_len, self.output_size)
+        values = [torch.as_tensor(x, dtype=self.mu_w.dtype, device=self.mu_w.device)
+                  .reshape(shape).clone() for x in (mu_h, var_h, mu_c, var_c)]
+        if len({v.shape for v in values}) != 1:
+            raise ValueError(f"{self.label}: set_lstm_states needs four arrays of the same "
+                             f"size, got {[tuple(v.shape) for v in values]}")
+        self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior = values
+        self._batch_size = values[0].shape[0]
+
     def _previous_states(self, batch: int, like: torch.Tensor) -> None:
         """Set mu/var_h/c_prev for this forward: the carried priors when carrying (B = 1,
         T = 1), else zeros; a batch size other than the last forward's resets the carry."""
