@@ -39,7 +39,7 @@ def _train_step(net, x, y) -> None:
 def _sum_mode(rank: int, world_size: int) -> dict:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
     out = {}
-    for sizes in ([4, 4], [3, 6]):  # even, and uneven shards
+    for sizes in ([4, 4], [3, 6], [0, 5]):  # even, uneven, a rank without a sample
         ddp = DDPSequential(_net(seed=rank), config)  # rank 1 starts elsewhere: broadcast
         reference = _net(seed=0)
         worst = 0.0
@@ -59,8 +59,8 @@ def _sum_mode(rank: int, world_size: int) -> dict:
 
 def test_sum_mode_with_lstms_equals_one_process_on_the_global_batch():
     """Contract 1 for windows of 3 steps (nothing carried): 2 ranks in sum mode == 1 process on
-    the global batch, even and uneven shards, nested LSTM included; contract 2: bit-identical
-    replicas."""
+    the global batch (even and uneven shards, a rank without a sample), nested LSTM included;
+    contract 2: bit-identical replicas."""
     results = run_world(_sum_mode, world_size=2, timeout_s=120)
     for r in results:
         for sizes, got in r.items():

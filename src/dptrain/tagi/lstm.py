@@ -212,11 +212,11 @@ class LSTM(ParamLayer):
             var_in = var_x if var_x is not None else torch.zeros_like(mu_x)
             var_ha = torch.cat((var_in, self.var_h_prev), dim=2)
         # All four gates of all T steps in one product per moment: (B·T, 4·O).
-        rows = batch * t
+        rows, width = batch * t, self.input_size + o
         mu_z = F.linear(mu_ha, self.mu_w, self.mu_b).view(batch, t, 4, o)
         var_z = F.linear(mu_ha_sq, self.var_w, self.var_b)
         if var_ha is not None:
-            var_z.view(rows, 4 * o).addmm_(var_ha.view(rows, -1), self._weights("total").t())
+            var_z.view(rows, 4 * o).addmm_(var_ha.view(rows, width), self._weights("total").t())
         mu_ga, var_ga, jcb_ga = _gate_moments(mu_z, var_z.view(batch, t, 4, o))
         sq_ga = mu_ga * mu_ga  # m² of every gate
         second_ga = sq_ga + var_ga  # E[g²] = m² + v
@@ -283,7 +283,7 @@ class LSTM(ParamLayer):
         delta_mu = delta.delta_mu.reshape(shape)  # (B, T, O)
         delta_var = delta.delta_var.reshape(shape)
         batch, t, o = shape
-        rows = batch * t
+        rows, width = batch * t, self.input_size + o
         mu_f, mu_i, mu_c_ga, mu_o = self.mu_ga.unbind(2)
         # ∂h/∂(gate g's pre-activation), per unit: the chain through tanh(c) (f, i, c̃) or
         # straight (o), with the means of the other factors.
@@ -294,8 +294,8 @@ class LSTM(ParamLayer):
         coef_mu = (coef * delta_mu.unsqueeze(2)).view(rows, 4 * o)
         coef_var = (coef * coef).mul_(delta_var.unsqueeze(2)).view(rows, 4 * o)
         # Linear's rule with δ replaced by a_g δ: one product for all four gates, (4·O, H).
-        torch.mm(coef_mu.t(), self.mu_ha.view(rows, -1), out=self.delta_mu_w)
-        torch.mm(coef_var.t(), self._mu_ha_sq.view(rows, -1), out=self.delta_var_w)
+        torch.mm(coef_mu.t(), self.mu_ha.view(rows, width), out=self.delta_mu_w)
+        torch.mm(coef_var.t(), self._mu_ha_sq.view(rows, width), out=self.delta_var_w)
         if self.bias:
             torch.sum(coef_mu, 0, out=self.delta_mu_b)
             torch.sum(coef_var, 0, out=self.delta_var_b)
