@@ -39,8 +39,10 @@ def _train_step(net, x, y) -> None:
 def _sum_mode(rank: int, world_size: int) -> dict:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
     out = {}
-    for sizes in ([4, 4], [3, 6], [0, 5]):  # even, uneven, a rank without a sample
-        ddp = DDPSequential(_net(seed=rank), config)  # rank 1 starts elsewhere: broadcast
+    # even, uneven, a rank without a sample; and uneven with the overlapped all-reduce
+    for sizes, overlap in (([4, 4], False), ([3, 6], False), ([0, 5], False), ([3, 6], True)):
+        # rank 1 starts elsewhere: the broadcast makes it rank 0's
+        ddp = DDPSequential(_net(seed=rank), config, overlap=overlap)
         reference = _net(seed=0)
         worst = 0.0
         for step in range(3):
@@ -52,20 +54,22 @@ def _sum_mode(rank: int, world_size: int) -> dict:
         ddp.check_replicas()
         ddp.eval()
         x, _ = _windows(99, 5)
-        out[str(sizes)] = dict(worst=worst, fingerprint=ddp.params_fingerprint(),
+        out[f"{sizes} overlap={overlap}"] = dict(worst=worst, fingerprint=ddp.params_fingerprint(),
                                eval_gap=(ddp(x)[0] - reference.eval()(x)[0]).abs().max().item())
     return out
 
 
 def test_sum_mode_with_lstms_equals_one_process_on_the_global_batch():
     """Contract 1 for windows of 3 steps (nothing carried): 2 ranks in sum mode == 1 process on
-    the global batch (even and uneven shards, a rank without a sample), nested LSTM included;
-    contract 2: bit-identical replicas."""
+    the global batch (even and uneven shards, a rank without a sample, overlapped all-reduce),
+    nested LSTM included; contract 2: bit-identical replicas."""
     results = run_world(_sum_mode, world_size=2, timeout_s=120)
     for r in results:
         for sizes, got in r.items():
             assert got["worst"] < 1e-12, (sizes, got["worst"])
             assert got["eval_gap"] < 1e-12, (sizes, got["eval_gap"])
+    assert results[0]["[3, 6] overlap=True"]["fingerprint"] == \
+        results[0]["[3, 6] overlap=False"]["fingerprint"], "overlap changes nothing"
     for sizes in results[0]:
         assert results[0][sizes]["fingerprint"] == results[1][sizes]["fingerprint"]
 
