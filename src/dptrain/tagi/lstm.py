@@ -388,6 +388,11 @@ def _gate_view(kind: str, index: int) -> property:
     return property(get, doc=f"(B, T, O) {kind} of gate {GATES[index]} (a view of {kind}_ga)")
 
 
-for _index, _gate in enumerate(GATES):
-    for _kind in ("mu", "var", "jcb"):
-        setattr(LSTM, f"{_kind}_{_gate}_ga", _gate_view(_kind, _index))
+def _add_gate_views() -> None:
+    """LSTM.mu_f_ga, var_f_ga, jcb_f_ga, … mu_o_ga: pytagi's per-gate names, as views."""
+    for index, gate in enumerate(GATES):
+        for kind in ("mu", "var", "jcb"):
+            setattr(LSTM, f"{kind}_{gate}_ga", _gate_view(kind, index))
+
+
+_add_gate_views()
