@@ -51,7 +51,8 @@ class LSTM(ParamLayer):
         mu_ga, var_ga, jcb_ga: (B, T, 4, O) gate moments after their activation and the
             activation's Jacobian, gates in `GATES` order; `mu_f_ga`, `var_i_ga`, `jcb_o_ga`, …
             are views of one gate.
-        cov_i_c, cov_o_tanh_c: (B, T, O) Cov(i, c̃) and Cov(o, tanh c).
+        cov_i_c, cov_o_tanh_c: (B, T, O) Cov(i, c̃) and Cov(o, tanh c) (None when v_X = 0:
+            a deterministic input and no carried variance make both 0).
         mu_c, var_c: (B, T, O) cell state; mu_ca, var_ca, jcb_ca: its tanh and J.
         mu_h_prev, var_h_prev, mu_c_prev, var_c_prev: (B, T, O) the previous states used.
         mu_h, var_h: (B, T, O) the output hidden states (also returned).
@@ -103,7 +104,8 @@ class LSTM(ParamLayer):
         self.mu_h = self.var_h = None
         self._jcb_in: torch.Tensor | None = None  # J of the input states, None = 1
         self._mu_ha_sq: torch.Tensor | None = None
-        self._sq_ga = self._second_ga = self._cov_sums = None
+        self._cov_sums = self._mu_ca_sq = None
+        self._mu_g = self._var_g = self._jcb_g = self._sq_g = self._second_g = ()
         self._in_shape: tuple[int, ...] = ()
         self._trained = False
         self._weight_cache: dict[str, object] | None = None
@@ -194,10 +196,10 @@ class LSTM(ParamLayer):
         """The input as (B, T, I) mean, variance (or None) and J (or None)."""
         mu = states.mu_a
         t, i = self.seq_len, self.input_size
+        if mu.dim() == 3 and tuple(mu.shape[1:]) == (t, i):
+            return mu, states.var_a, states.jcb
         if mu.dim() == 2 and mu.shape[1] == t * i:
             shape = (mu.shape[0], t, i)
-        elif mu.dim() == 3 and tuple(mu.shape[1:]) == (t, i):
-            shape = tuple(mu.shape)
         else:
             raise ValueError(f"{self.label}: expected input of shape (batch, {t}, {i}) or "
                              f"(batch, {t * i}), got {tuple(mu.shape)}")
@@ -239,44 +241,46 @@ class LSTM(ParamLayer):
             self._cov_sums = F.linear(var_ha, self._weights("cov")).view(batch, t, 4, o)
         self.mu_ha, self.var_ha, self._mu_ha_sq = mu_ha, var_ha, mu_ha_sq  # m_X² for backward
         self.mu_ga, self.var_ga, self.jcb_ga = _gate_moments(mu_z, var_z.view(batch, t, 4, o))
-        self._sq_ga = self.mu_ga * self.mu_ga  # m² of every gate
-        self._second_ga = self._sq_ga + self.var_ga  # E[g²] = m² + v
+        sq_ga = self.mu_ga * self.mu_ga  # m² of every gate
+        # Per-gate (B, T, O) views, split once: (f, i, c̃, o) each.
+        self._mu_g, self._var_g, self._jcb_g = (x.unbind(2) for x in (self.mu_ga, self.var_ga,
+                                                                        self.jcb_ga))
+        self._sq_g, self._second_g = sq_ga.unbind(2), (sq_ga + self.var_ga).unbind(2)  # E[g²]
 
     def _cell_state(self) -> None:
         """c = f·c_prev + i·c̃ with f and c_prev independent and Cov(i, c̃) kept (`cov_i_c`,
         `mu_c`, `var_c`), then tanh(c) linearised (`mu_ca`, `var_ca`, `jcb_ca`)."""
-        mu_f, mu_i, mu_cg, _ = self.mu_ga.unbind(2)  # (B, T, O) each
-        var_f, var_i, var_cg, _ = self.var_ga.unbind(2)
+        mu_f, mu_i, mu_cg, _ = self._mu_g
+        var_f, var_i, var_cg, _ = self._var_g
         prod_ic = mu_i * mu_cg
         # v_c = v_c̃ E[i²] + v_i m_c̃² + Cov·(Cov + 2 m_i m_c̃) (+ the f·c_prev terms)
-        var_c = var_cg * self._second_ga[:, :, 1]
-        var_c.addcmul_(var_i, self._sq_ga[:, :, 2])
+        var_c = var_cg * self._second_g[1]
+        var_c.addcmul_(var_i, self._sq_g[2])
+        cov_i_c, mu_c = None, prod_ic
         if self._cov_sums is not None:
-            cov_i_c = self.jcb_i_ga * self.jcb_c_ga * self._cov_sums[:, :, 0]
+            cov_i_c = self._jcb_g[1] * self._jcb_g[2] * self._cov_sums[:, :, 0]
             mu_c = prod_ic + cov_i_c
             var_c.addcmul_(cov_i_c, mu_c + prod_ic)
-        else:
-            cov_i_c, mu_c = torch.zeros_like(prod_ic), prod_ic
         if not self._prev_zero:
             mu_c_prev = self.mu_c_prev
             mu_c = torch.addcmul(mu_c, mu_f, mu_c_prev)
-            var_c.addcmul_(self.var_c_prev, self._second_ga[:, :, 0])
+            var_c.addcmul_(self.var_c_prev, self._second_g[0])
             var_c.addcmul_(var_f, mu_c_prev * mu_c_prev)
         self.cov_i_c, self.mu_c, self.var_c = cov_i_c, mu_c, var_c
         self.mu_ca = torch.tanh(mu_c)
-        self.jcb_ca = 1 - self.mu_ca * self.mu_ca
+        self._mu_ca_sq = self.mu_ca * self.mu_ca
+        self.jcb_ca = 1 - self._mu_ca_sq
         self.var_ca = self.jcb_ca * self.jcb_ca * var_c
 
     def _hidden_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """h = o·tanh(c) with Cov(o, tanh c) kept, through the gates that share inputs with o
         (`cov_o_tanh_c`, `mu_h`, `var_h`)."""
-        mu_f, mu_i, mu_cg, mu_o = self.mu_ga.unbind(2)
-        jcb_f, jcb_i, jcb_cg, jcb_o = self.jcb_ga.unbind(2)
-        mu_ca = self.mu_ca
-        prod_h = mu_o * mu_ca
-        var_h = self.var_ca * self._second_ga[:, :, 3]
-        var_h.addcmul_(self.var_o_ga, mu_ca * mu_ca)
-        sums = self._cov_sums
+        _, mu_i, mu_cg, mu_o = self._mu_g
+        jcb_f, jcb_i, jcb_cg, jcb_o = self._jcb_g
+        prod_h = mu_o * self.mu_ca
+        var_h = self.var_ca * self._second_g[3]
+        var_h.addcmul_(self._var_g[3], self._mu_ca_sq)
+        cov_o_tanh_c, mu_h, sums = None, prod_h, self._cov_sums
         if sums is not None:
             paths = jcb_i * mu_cg * sums[:, :, 2]
             paths.addcmul_(jcb_cg * mu_i, sums[:, :, 3])
@@ -285,8 +289,6 @@ class LSTM(ParamLayer):
             cov_o_tanh_c = paths.mul_(jcb_o).mul_(self.jcb_ca)
             mu_h = prod_h + cov_o_tanh_c
             var_h.addcmul_(cov_o_tanh_c, mu_h + prod_h)
-        else:
-            cov_o_tanh_c, mu_h = torch.zeros_like(prod_h), prod_h
         self.cov_o_tanh_c, self.mu_h, self.var_h = cov_o_tanh_c, mu_h, var_h
         return mu_h, var_h
 
@@ -298,8 +300,9 @@ class LSTM(ParamLayer):
         if not self._trained or self.mu_ga is None:
             raise RuntimeError(f"{self.label}: backward() needs a forward in training mode first")
         shape = self.mu_h.shape
-        delta_mu = delta.delta_mu.reshape(shape)  # (B, T, O)
-        delta_var = delta.delta_var.reshape(shape)
+        delta_mu, delta_var = delta.delta_mu, delta.delta_var  # (B, T, O)
+        if delta_mu.shape != shape:  # from a Linear head: (B, T·O)
+            delta_mu, delta_var = delta_mu.reshape(shape), delta_var.reshape(shape)
         batch, t, o = shape
         rows, width = batch * t, self.input_size + o
         coef = self._gate_coefficients()
@@ -320,7 +323,7 @@ class LSTM(ParamLayer):
     def _gate_coefficients(self) -> torch.Tensor:
         """a_g = ∂h/∂(gate g's pre-activation) per sample, step and unit, (B, T, 4, O): through
         tanh(c) for f, i, c̃, straight for o, with the other factors at their means."""
-        _, mu_i, mu_cg, mu_o = self.mu_ga.unbind(2)
+        _, mu_i, mu_cg, mu_o = self._mu_g
         through_cell = self.jcb_ca * mu_o
         return self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
                                           through_cell * mu_cg, through_cell * mu_i,
@@ -349,7 +352,7 @@ class LSTM(ParamLayer):
         var_h = self.var_h_prior
         self.mu_h_prior = self.mu_h_prior + delta_mu * var_h
         self.var_h_prior = (1 + delta_var * var_h) * var_h
-        gain = self.var_c_prior * self.jcb_ca * self.mu_o_ga
+        gain = self.var_c_prior * self.jcb_ca * self._mu_g[3]
         self.mu_c_prior = self.mu_c_prior + gain * delta_mu
         self.var_c_prior = self.var_c_prior + gain * delta_var * gain
 
