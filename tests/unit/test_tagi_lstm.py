@@ -120,6 +120,8 @@ def test_online_states_carry_from_call_to_call_and_reset():
     assert not layer.carries_states and not bool(layer.mu_h_prev.any())
     torch.testing.assert_close(layer.forward(HiddenStates(xs[0], None)).mu_a, outs[0],
                                rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"four arrays of B·3 values each.*\[3, 3, 3, 2\]"):
+        layer.set_lstm_states(*[torch.zeros(3)] * 3, torch.zeros(2))
 
 
 def test_to_another_dtype_drops_the_carried_states():

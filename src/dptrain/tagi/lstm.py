@@ -127,12 +127,15 @@ class LSTM(ParamLayer):
                         var_c: torch.Tensor) -> None:
         """Start the next forward from these states (pytagi's `set_LSTM_states`): each holds
         B·T·O values for a batch of B windows; a forward with another batch size resets them."""
-        shape = (-1, self.seq_len, self.output_size)
+        step = self.seq_len * self.output_size
         values = [torch.as_tensor(x, dtype=self.mu_w.dtype, device=self.mu_w.device)
-                  .reshape(shape).clone() for x in (mu_h, var_h, mu_c, var_c)]
-        if len({v.shape for v in values}) != 1:
-            raise ValueError(f"{self.label}: set_lstm_states needs four arrays of the same "
-                             f"size, got {[tuple(v.shape) for v in values]}")
+                  for x in (mu_h, var_h, mu_c, var_c)]
+        sizes = [v.numel() for v in values]
+        if len(set(sizes)) != 1 or sizes[0] == 0 or sizes[0] % step:
+            raise ValueError(f"{self.label}: set_lstm_states needs four arrays of B·{step} "
+                             f"values each (B windows of seq_len x output_size), got sizes "
+                             f"{sizes}")
+        values = [v.reshape(-1, self.seq_len, self.output_size).clone() for v in values]
         self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior = values
         self._batch_size = values[0].shape[0]
         self._prev_zero = False
