@@ -52,6 +52,7 @@ from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
 from dptrain.tagi.blocks import LayerBlock, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
+from dptrain.tagi.embedding import Embedding
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.lstm import LSTM
@@ -69,6 +70,7 @@ __all__ = [
     "BatchNorm2d",
     "Conv2d",
     "DeltaStates",
+    "Embedding",
     "EvenExp",
     "HRCSoftmax",
     "HeteroscedasticPrediction",
