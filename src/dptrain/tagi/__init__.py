@@ -63,6 +63,7 @@ from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.sequential import Sequential
+from dptrain.tagi.slstm import SLSTM, SLinear
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
@@ -90,6 +91,8 @@ __all__ = [
     "ReLU",
     "Remax",
     "ResNetBlock",
+    "SLSTM",
+    "SLinear",
     "Sequential",
     "Sigmoid",
     "Softplus",
