@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.tagi import Embedding, LayerBlock, Linear, ReLU, Sequential, manual_seed
+from dptrain.tagi import LSTM, Embedding, LayerBlock, Linear, ReLU, Sequential, manual_seed
 from dptrain.tagi.states import DeltaStates, HiddenStates
 from tests.unit.tagi_helpers import F64, deltas, gen, regression_step
 
@@ -154,3 +154,15 @@ def test_bad_shapes_arguments_and_uncertain_ids():
         Embedding(6, 0)
     with pytest.raises(ValueError, match="scale must be > 0"):
         Embedding(6, 2, scale=0.0)
+
+
+def test_an_lstm_reads_the_embeddings_as_a_sequence():
+    """(B, N·E) output = N steps of width E: step t of an LSTM(E, …, seq_len=N) sees id t's row,
+    and the LSTM's innovations come back to the table."""
+    manual_seed(9)
+    net = Sequential(Embedding(5, 3, input_size=4), LSTM(3, 6, 4), Linear(24, 1), dtype=F64)
+    ids = torch.tensor([[4., 0., 2., 4.], [1., 3., 3., 0.]], dtype=F64)
+    regression_step(net, ids, torch.ones(2, 1, dtype=F64), 0.1, do_step=False)
+    table = net.layers[0].mu_w
+    assert torch.equal(net.layers[1].mu_ha[:, :, :3], table[ids.long()])
+    assert bool((net.layers[0].delta_mu_w.abs().sum(1) > 0).all())
