@@ -37,17 +37,17 @@ blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save
 pytagi's surface; a wrapper of your own uses `named_delta_tensors()` (or `flat_deltas`),
 `flat_state` and `cap_batch_size` (see `Sequential`).
 
+Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_size)` (ids as
+float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
+layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
+(docs/tagi.md, SLSTM and the smoother).
+
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
     net = Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
                      AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
                      Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
     mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
-
-Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_size)` (ids as
-float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
-layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
-(docs/tagi.md, SLSTM and the smoother).
 """
 
 from __future__ import annotations
