@@ -290,3 +290,16 @@ def test_init_follows_pytagi():
     assert abs(layer.mu_w.std().item() - 0.25) < 0.03
     xavier = LSTM(6, 10, 2, init_method="Xavier", dtype=F64)
     assert torch.allclose(xavier.var_w, torch.full_like(xavier.var_w, 2.0 / 26))
+
+
+def test_package_docstring_sequence_example_runs():
+    """The sequence example in dptrain.tagi's docstring is kept runnable."""
+    import textwrap
+
+    import dptrain.tagi
+
+    example = dptrain.tagi.__doc__.split("::")[3].split("\n(as in pytagi")[0]
+    namespace: dict = {name: getattr(dptrain.tagi, name) for name in dptrain.tagi.__all__}
+    namespace["torch"] = torch
+    exec(textwrap.dedent(example), namespace)  # noqa: S102
+    assert namespace["mu"].shape == (16, 1) and namespace["var"].shape == (16, 1)
