@@ -37,11 +37,6 @@ blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save
 pytagi's surface; a wrapper of your own uses `named_delta_tensors()` (or `flat_deltas`),
 `flat_state` and `cap_batch_size` (see `Sequential`).
 
-Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_size)` (ids as
-float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
-layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
-(docs/tagi.md, SLSTM and the smoother).
-
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
     net = Sequential(Conv2d(1, 16, 4, padding=1, in_width=28, in_height=28), ReLU(),
@@ -58,6 +53,11 @@ every step's hidden state (B, T, O), e.g. pytagi's time-series network::
 
 (as in pytagi 0.2.1, hidden and cell states carry from one call to the next only for a batch
 of one sample and seq_len 1; docs/tagi.md, LSTM).
+
+Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_size)` (ids as
+float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
+layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
+(docs/tagi.md, SLSTM and the smoother).
 """
 
 from __future__ import annotations
