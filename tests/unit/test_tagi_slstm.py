@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dptrain.tagi import (SLSTM, LayerBlock, OutputUpdater, Sequential, SLinear, manual_seed)
-from dptrain.tagi.slstm import _smooth
+from dptrain.tagi.slstm import SMOOTHER_EPS, _smooth
 from dptrain.tagi.states import HiddenStates
 from tests.unit.tagi_helpers import F64, gen
 
@@ -125,10 +125,29 @@ def test_backward_pass_is_the_exact_smoother_of_a_linear_gaussian_series(kind):
              f"cov_{kind}{kind}": cov}
     apply = (lambda gain, d: gain * d) if kind == "c" else \
         (lambda gain, d: torch.einsum("bkj,bj->bk", gain, d))
-    mu, var = _smooth(steps, kind, apply, [0])
+    mu, var, clipped = _smooth(steps, kind, apply)
+    assert clipped.item() == 0
     want_mu, want_var = _exact_posterior(a, q, r, y)
     torch.testing.assert_close(mu[:, 0], want_mu, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(var[:, 0], want_var, rtol=1e-10, atol=1e-12)
+
+
+def test_backward_pass_guards_as_pytagi_does():
+    """A prior variance ≤ 0 in a gain's denominator counts as 1e-5, and a smoothed variance
+    that comes out negative is set to 1e-5 and counted."""
+    def series(first: float, second: float) -> torch.Tensor:  # (T=2, B=1, O=1)
+        return torch.tensor([first, second], dtype=F64).view(2, 1, 1)
+
+    steps = {"mu_c_prior": series(0, 0), "var_c_prior": series(1, 0),
+             "mu_c_post": series(0, 2), "var_c_post": series(0.5, 0.5),
+             "cov_cc": series(0, 1e-6)}
+    mu, var, _ = _smooth(steps, "c", lambda gain, d: gain * d)
+    gain = 1e-6 / SMOOTHER_EPS  # = 0.1, from the guarded denominator
+    assert mu[0].item() == pytest.approx(0.0 + gain * 2.0, rel=1e-12)
+    assert var[0].item() == pytest.approx(0.5 + gain**2 * 0.5, rel=1e-12)
+    steps.update(var_c_post=series(0.5, 0), var_c_prior=series(1, 100), cov_cc=series(0, 50))
+    _, var, clipped = _smooth(steps, "c", lambda gain, d: gain * d)  # 0.5 + 0.25·(−100) < 0
+    assert var[0].item() == SMOOTHER_EPS and clipped.item() == 1
 
 
 def test_series_side_by_side_equal_one_at_a_time():

@@ -136,14 +136,14 @@ class SLSTM(LSTM):
                                "(forward, update, backward in training mode)")
         steps = {name: torch.stack([getattr(s, name) for s in self._steps])
                  for name in _TimeStep.__slots__}  # (T, B, …) each
-        clipped = [0]
-        self.mu_c_smooths, self.var_c_smooths = _smooth(
-            steps, "c", lambda gain, d: gain * d, clipped)
-        self.mu_h_smooths, self.var_h_smooths = _smooth(
-            steps, "h", lambda gain, d: torch.einsum("bkj,bj->bk", gain, d), clipped)
-        if clipped[0]:
+        self.mu_c_smooths, self.var_c_smooths, clipped_c = _smooth(
+            steps, "c", lambda gain, d: gain * d)
+        self.mu_h_smooths, self.var_h_smooths, clipped_h = _smooth(
+            steps, "h", lambda gain, d: torch.einsum("bkj,bj->bk", gain, d))
+        clipped = int(clipped_c + clipped_h)  # one device sync per smoother call
+        if clipped:
             logger.warning("%s: %d smoothed variances came out negative and were set to %g",
-                           self.label, clipped[0], SMOOTHER_EPS)
+                           self.label, clipped, SMOOTHER_EPS)
         self._steps, self._pending = [], None
         self.reset_lstm_states()
 
@@ -151,8 +151,8 @@ class SLSTM(LSTM):
         return f"SLSTM({self.input_size}, {self.output_size}, bias={self.bias})"
 
 
-def _smooth(steps: dict[str, torch.Tensor], kind: str, apply, clipped: list[int]
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _smooth(steps: dict[str, torch.Tensor], kind: str, apply
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rauch-Tung-Striebel pass over (T, B, O) posteriors of H or C (`kind`), from the last
     step back: with the gain G = Cov(X_t, X_{t+1}) / v_prior(X_{t+1}),
 
@@ -160,20 +160,22 @@ def _smooth(steps: dict[str, torch.Tensor], kind: str, apply, clipped: list[int]
         v_s(t) = v_post(t) + G² (v_s(t+1) − v_prior(t+1))
 
     G is per unit for C (only C_t's own unit carries C_{t−1}), a (B, O, O) matrix for H, and
-    `apply(G, d)` multiplies it (G² elementwise for the variances)."""
+    `apply(G, d)` multiplies it (G² elementwise for the variances). Returns the smoothed
+    means and variances and how many variances were clipped (a 0-d tensor)."""
     mu_post, var_post = steps[f"mu_{kind}_post"], steps[f"var_{kind}_post"]
     mu_prior, var_prior = steps[f"mu_{kind}_prior"], steps[f"var_{kind}_prior"]
     cov = steps[f"cov_{kind}{kind}"]
     mu_s, var_s = mu_post.clone(), var_post.clone()  # the last step is its own smoothed state
+    clipped = torch.zeros((), dtype=torch.long, device=mu_s.device)
     for t in range(mu_post.shape[0] - 2, -1, -1):
         prior_var = torch.where(var_prior[t + 1] > 0, var_prior[t + 1], SMOOTHER_EPS)
         gain = cov[t + 1] / (prior_var.unsqueeze(1) if cov.dim() == 4 else prior_var)
         mu_s[t] = mu_post[t] + apply(gain, mu_s[t + 1] - mu_prior[t + 1])
         var = var_post[t] + apply(gain * gain, var_s[t + 1] - var_prior[t + 1])
         negative = var < 0
-        clipped[0] += int(negative.sum())
+        clipped += negative.sum()
         var_s[t] = torch.where(negative, SMOOTHER_EPS, var)
-    return mu_s, var_s
+    return mu_s, var_s, clipped
 
 
 class SLinear(Linear):
