@@ -116,8 +116,9 @@ class SLSTM(LSTM):
         recurrent = self.mu_w.view(4, o, i + o)[:, :, i:]  # (4, O_t, O_{t−1})
         # Cov(H_{t−1}[k], H_t[j]) = v_H{t−1}[k] Σ_g coef[g, j] W_g[j, I + k]
         paths = torch.einsum("bgj,gjk->bkj", coef, recurrent)  # (B, O_{t−1}, O_t)
-        return _TimeStep(self.mu_h[:, 0], self.var_h[:, 0], self.mu_c[:, 0], self.var_c[:, 0],
-                         cov_cc=self.var_c_prev[:, 0] * mu_f,
+        # Copies: the carried states start as these tensors and backward updates them.
+        priors = (t[:, 0].clone() for t in (self.mu_h, self.var_h, self.mu_c, self.var_c))
+        return _TimeStep(*priors, cov_cc=self.var_c_prev[:, 0] * mu_f,
                          cov_hh=self.var_h_prev[:, 0].unsqueeze(2) * paths)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
