@@ -185,6 +185,9 @@ def emb_cases():
     writes (it clears the buffers first, as the CUDA layer does) and then hands step() the
     rule's v_W² Σ δv, so every later number is pytagi's arithmetic on the intended update;
     tests/unit/test_tagi_seq_parity.py names the one recorded delta that differs.
+    pytagi 0.2.1 draws the initial table from the system's random device, not from
+    `pytagi.manual_seed`, so each recording holds another table (the tests load the recorded
+    one, as for every case).
     """
     def ids(rng, shape):
         return rng.integers(0, 6, size=shape)
