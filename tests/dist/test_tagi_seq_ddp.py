@@ -44,17 +44,22 @@ def _embedding_sum_mode(rank: int, config: DDPConfig) -> dict:
     sizes = [3, 5]
     start = sum(sizes[:rank])
     ddp = DDPSequential(_embedding_net(seed=rank), config)  # rank 1's table: overwritten
+    # Every layer its own bucket, sent while the backward runs: the same sums, bitwise.
+    overlapped = DDPSequential(_embedding_net(seed=rank), config, overlap=True, bucket_bytes=1)
     reference = _embedding_net(seed=0)
     worst = 0.0
     for step in range(3):
         g = torch.Generator().manual_seed(50 + step)
         ids = torch.randint(0, 7, (8, 2), generator=g).to(F64)
         y = torch.randn(8, 2, generator=g, dtype=F64)
-        _step(ddp, ids[start:start + sizes[rank]], y[start:start + sizes[rank]])
+        for net in (ddp, overlapped):
+            _step(net, ids[start:start + sizes[rank]], y[start:start + sizes[rank]])
         _step(reference, ids, y)
         worst = max(worst, _worst(ddp, reference))
     ddp.check_replicas()
-    return {"worst": worst, "fingerprint": ddp.params_fingerprint()}
+    return {"worst": worst, "fingerprint": ddp.params_fingerprint(),
+            "overlap_equal": torch.equal(overlapped.model.flat_params, ddp.model.flat_params),
+            "buckets": len(overlapped.buckets)}
 
 
 def _slstm_sum_mode(rank: int, config: DDPConfig) -> dict:
@@ -88,12 +93,14 @@ def _sequence_layers(rank: int, world_size: int) -> dict:
 
 def test_sum_mode_equals_one_process_for_embedding_and_slstm():
     """Contract 1: 2 ranks in sum mode step like one process on the global batch, for an
-    Embedding table (uneven shards, an id seen on both ranks adds both ranks' innovations) and
+    Embedding table (uneven shards, an id seen on both ranks adds both ranks' innovations;
+    bucketed overlap gives the same bits) and
     for an SLSTM stack (each rank one series; one process the two series side by side, with
     the same smoothed states per series); contract 2: replicas bit-identical."""
     results = run_world(_sequence_layers, world_size=2, timeout_s=120)
     for r in results:
         assert r["embedding"]["worst"] < 1e-12, r["embedding"]
+        assert r["embedding"]["overlap_equal"] and r["embedding"]["buckets"] == 3
         assert r["slstm"]["worst"] < 1e-12 and r["slstm"]["global_batch"] == 2, r["slstm"]
         assert r["slstm"]["smooth"] < 1e-12 and r["slstm"]["states"] < 1e-12, r["slstm"]
     for kind in ("embedding", "slstm"):
