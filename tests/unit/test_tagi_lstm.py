@@ -122,6 +122,20 @@ def test_online_states_carry_from_call_to_call_and_reset():
                                rtol=0, atol=0)
 
 
+def test_to_another_dtype_drops_the_carried_states():
+    """`Sequential.to()` rebuilds the storage and drops the carried states, so the next
+    forward starts from zero in the new dtype (as after reset_lstm_states())."""
+    manual_seed(25)
+    net = Sequential(LSTM(2, 3, 1), Linear(3, 1), dtype=F64)
+    x = torch.randn(1, 2, generator=gen(26), dtype=F64)
+    first = net(x)[0]
+    net(x)
+    net.to(torch.float32)
+    again = net(x)[0]
+    assert again.dtype == torch.float32 and net.layers[0].mu_h_prior.dtype == torch.float32
+    torch.testing.assert_close(again.double(), first, rtol=1e-6, atol=1e-7)
+
+
 def test_network_reset_reaches_nested_lstms():
     manual_seed(6)
     net = Sequential(LayerBlock(LSTM(2, 3, 1)), LSTM(3, 3, 1), Linear(3, 1), dtype=F64)
