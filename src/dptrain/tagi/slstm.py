@@ -105,20 +105,14 @@ class SLSTM(LSTM):
 
     def _time_step(self) -> _TimeStep:
         """The priors and covariances of the forward just run (pytagi's linearisation)."""
-        mu_f, mu_i, mu_c_ga, mu_o = self.mu_ga[:, 0].unbind(1)  # (B, O) each
-        jcb_f, jcb_i, jcb_c_ga, jcb_o = self.jcb_ga[:, 0].unbind(1)
-        jcb_ca, mu_ca, mu_c_prev = self.jcb_ca[:, 0], self.mu_ca[:, 0], self.mu_c_prev[:, 0]
-        # ∂H_t/∂Z_g for each gate g (f, i, c̃, o), at the means of the other factors.
-        through_cell = jcb_ca * mu_o
-        coef = torch.stack((through_cell * jcb_f * mu_c_prev, through_cell * jcb_i * mu_c_ga,
-                            through_cell * jcb_c_ga * mu_i, jcb_o * mu_ca), dim=1)  # (B, 4, O)
+        coef = self._gate_coefficients()[:, 0]  # (B, 4, O): ∂H_t/∂Z_g at the means
         o, i = self.output_size, self.input_size
         recurrent = self.mu_w.view(4, o, i + o)[:, :, i:]  # (4, O_t, O_{t−1})
         # Cov(H_{t−1}[k], H_t[j]) = v_H{t−1}[k] Σ_g coef[g, j] W_g[j, I + k]
         paths = torch.einsum("bgj,gjk->bkj", coef, recurrent)  # (B, O_{t−1}, O_t)
         # Copies: the carried states start as these tensors and backward updates them.
         priors = (t[:, 0].clone() for t in (self.mu_h, self.var_h, self.mu_c, self.var_c))
-        return _TimeStep(*priors, cov_cc=self.var_c_prev[:, 0] * mu_f,
+        return _TimeStep(*priors, cov_cc=self.var_c_prev[:, 0] * self.mu_f_ga[:, 0],
                          cov_hh=self.var_h_prev[:, 0].unsqueeze(2) * paths)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
