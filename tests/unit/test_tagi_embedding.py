@@ -166,3 +166,16 @@ def test_an_lstm_reads_the_embeddings_as_a_sequence():
     table = net.layers[0].mu_w
     assert torch.equal(net.layers[1].mu_ha[:, :, :3], table[ids.long()])
     assert bool((net.layers[0].delta_mu_w.abs().sum(1) > 0).all())
+
+
+def test_each_backward_overwrites_the_table_deltas():
+    """docs/tagi.md, Departures from pytagi: pytagi's CPU layer adds every backward to the last
+    one's deltas; here a second backward on the same batch gives the same deltas, not twice."""
+    net = _id_net()
+    x, y = _ids(30, 4), torch.randn(4, 2, generator=gen(31), dtype=F64)
+    regression_step(net, x, y, 0.2, do_step=False)
+    first = deltas(net)
+    regression_step(net, x, y, 0.2, do_step=False)
+    assert first["0.delta_mu_w"].abs().sum() > 0
+    for key, value in deltas(net).items():
+        assert torch.equal(value, first[key]), key

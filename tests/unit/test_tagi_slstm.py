@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.tagi import (SLSTM, LayerBlock, OutputUpdater, Sequential, SLinear, manual_seed)
+from dptrain.tagi import (SLSTM, LayerBlock, Linear, OutputUpdater, Sequential, SLinear,
+                          manual_seed)
 from dptrain.tagi.slstm import SMOOTHER_EPS, _smooth
 from dptrain.tagi.states import HiddenStates
 from tests.unit.tagi_helpers import F64, gen
@@ -213,6 +214,23 @@ def test_float32_tracks_float64_nested_blocks_and_save_load(tmp_path):
     fresh = _stack()
     fresh.load(tmp_path / "slstm.pt")
     assert torch.equal(fresh.flat_params, flat.flat_params)
+
+
+def test_slinear_smoother_is_the_linear_forward_of_every_output():
+    """docs/tagi.md, Departures from pytagi: with several outputs each smoothed step is the
+    Linear forward moments of the smoothed hidden state, every output (pytagi's indices only
+    hold for one)."""
+    manual_seed(5)
+    head = SLinear(3, 2, dtype=F64)
+    g = gen(6)
+    mu_h, var_h = torch.randn(4, 2, 3, generator=g, dtype=F64), torch.rand(4, 2, 3, generator=g,
+                                                                             dtype=F64)
+    mu, var = head.smoother(mu_h, var_h)
+    assert mu.shape == (4, 2, 2)
+    for t in range(4):
+        step = Linear.forward(head.eval(), HiddenStates(mu_h[t], var_h[t]))
+        torch.testing.assert_close(mu[t], step.mu_a, rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(var[t], step.var_a, rtol=1e-14, atol=1e-15)
 
 
 def test_bad_use_is_named():
