@@ -38,6 +38,8 @@ from dptrain.tagi.base import VAR_FLOOR
 FIXTURES = Path(__file__).resolve().parent.parent / "data" / "pytagi_fixtures.npz"
 #: The LSTM cases (make_pytagi_fixtures.py --family lstm): `load_case(name, LSTM_FIXTURES)`.
 LSTM_FIXTURES = FIXTURES.with_name("pytagi_fixtures_lstm.npz")
+#: The Embedding and SLSTM cases (make_pytagi_fixtures.py --family seq).
+SEQ_FIXTURES = FIXTURES.with_name("pytagi_fixtures_seq.npz")
 PARAM_NAMES = ("mu_w", "var_w", "mu_b", "var_b")
 #: pytagi computes in float32, so its own rounding bounds the agreement: our float64 and float32
 #: replays both stay within 1e-5 of it on every case (worst seen about 7e-6) except the one

@@ -53,6 +53,11 @@ every step's hidden state (B, T, O), e.g. pytagi's time-series network::
 
 (as in pytagi 0.2.1, hidden and cell states carry from one call to the next only for a batch
 of one sample and seq_len 1; docs/tagi.md, LSTM).
+
+Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_size)` (ids as
+float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
+layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
+(docs/tagi.md, SLSTM and the smoother).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
 from dptrain.tagi.blocks import LayerBlock, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
+from dptrain.tagi.embedding import Embedding
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.lstm import LSTM
@@ -72,6 +78,7 @@ from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.sequential import Sequential
+from dptrain.tagi.slstm import SLSTM, SLinear
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
@@ -79,6 +86,7 @@ __all__ = [
     "BatchNorm2d",
     "Conv2d",
     "DeltaStates",
+    "Embedding",
     "EvenExp",
     "HRCSoftmax",
     "HeteroscedasticPrediction",
@@ -98,6 +106,8 @@ __all__ = [
     "ReLU",
     "Remax",
     "ResNetBlock",
+    "SLSTM",
+    "SLinear",
     "Sequential",
     "Sigmoid",
     "Softplus",
