@@ -94,8 +94,9 @@ def series_split(name: str, names: list[str], times: list[str], values: np.ndarr
     where = dataset or name
     _check_sizes(where, lookback, horizon, train_fraction, val_fraction)
     num_steps = values.shape[1]
-    train_end = int(math.floor(train_fraction * num_steps))
-    val_end = int(math.floor((train_fraction + val_fraction) * num_steps))
+    # rounded first: 0.7 + 0.1 is 0.7999..., which would lose a step to the floor
+    train_end = math.floor(round(train_fraction * num_steps, 6))
+    val_end = math.floor(round((train_fraction + val_fraction) * num_steps, 6))
     if lookback + horizon > train_end:
         raise DataError(f"{where}: lookback {lookback} + horizon {horizon} need "
                         f"{lookback + horizon} time steps, but the training part has "

@@ -21,7 +21,7 @@ SINE_LENGTH = 1156
 
 
 def load_sine(*, lookback: int = 24, horizon: int = 1, length: int = SINE_LENGTH,
-              period: float = SINE_PERIOD, noise_std: float = 0.1, seed: int = 0) -> Split:
+              period: float = SINE_PERIOD, noise_std: float = 0.3, seed: int = 0) -> Split:
     """One series 5·(1 + sin(2πt/period)) + ε, t = 0, 1, ... days, ε ~ N(0, noise_std²):
     the shape of pytagi's toy sine (amplitude 5 around 5), with a little noise so that a
     predictive distribution has something to be calibrated on."""
