@@ -34,18 +34,24 @@ docs/tagi.md) are recorded as pytagi computes them: the tests compare them delib
 Each case prints how hard its steps pushed the cap (largest |Δm|/bar, |Δv|/bar, variances
 floored); tests/unit/test_tagi_parity_branches.py asserts the same for the cases meant to.
 
+Families of cases go to separate files (`--family`, default "base"): "base" (the layers above)
+to tests/data/pytagi_fixtures.npz, "lstm" (stacked LSTM layers with a Linear head; inputs
+x{k} are (B, T, D) windows, passed flat as pytagi's loops do) to
+tests/data/pytagi_fixtures_lstm.npz.
+
   bash bench/setup_pytagi.sh      # a venv with the pytagi 0.2.1 wheel
   LD_LIBRARY_PATH=$PWD/bench/.venv-pytagi/lib/python3.11/site-packages/nvidia/nccl/lib \
       bench/.venv-pytagi/bin/python tests/data/make_pytagi_fixtures.py \
       tests/data/pytagi_fixtures.npz
+  (same) ... make_pytagi_fixtures.py --family lstm tests/data/pytagi_fixtures_lstm.npz
 """
-import sys
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pytagi
-from pytagi.nn import (AvgPool2d, BatchNorm2d, Conv2d, EvenExp, LayerBlock, LayerNorm, Linear,
+from pytagi.nn import (LSTM, AvgPool2d, BatchNorm2d, Conv2d, EvenExp, LayerBlock, LayerNorm, Linear,
                        MaxPool2d, MixtureReLU, MixtureTanh, OutputUpdater, ReLU, ResNetBlock,
                        Sequential, Tanh)
 
@@ -139,6 +145,22 @@ def cases():
         AvgPool2d(2), Linear(4, 2)), batch=16, norm_stats=True)
 
 
+def lstm_cases():
+    """Stacked LSTMs with a Linear head over every time step's hidden state (pytagi's
+    time-series example shape). Windows of T >= 3 steps compute their steps independently in
+    pytagi 0.2.1; the batch-1, T = 1 case carries hidden and cell states from one call to the
+    next (and backward updates them), which is what lstm_online records."""
+    yield Spec("lstm_stack", (3, 1), 1, lambda: Sequential(
+        LSTM(1, 4, 3), LSTM(4, 4, 3), Linear(4 * 3, 1)))
+    yield Spec("lstm_features", (4, 2), 2, lambda: Sequential(
+        LSTM(2, 3, 4, gain_weight=1.5), LSTM(3, 3, 4, bias=False), Linear(3 * 4, 2)),
+        batch=16, var_y=0.05)
+    yield Spec("lstm_online", (1, 3), 1, lambda: Sequential(
+        LSTM(3, 4, 1), LSTM(4, 4, 1), Linear(4, 1)), batch=1, var_y=0.1)
+
+
+FAMILIES = {"base": cases, "lstm": lstm_cases}
+
 def param_layers(layers, prefix=""):
     """(path, layer) of every layer that holds parameters, nested blocks included."""
     for i, layer in enumerate(layers):
@@ -229,9 +251,14 @@ def cap_report(out, spec):
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else "pytagi_fixtures.npz"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("path", nargs="?", default="pytagi_fixtures.npz")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="base",
+                        help="which cases to record (default: base)")
+    args = parser.parse_args()
+    path = args.path
     out = {}
-    for spec in cases():
+    for spec in FAMILIES[args.family]():
         record(spec, out)
         m, v, floors = cap_report(out, spec)
         print(f"{spec.name}: {sum(1 for k in out if k.startswith(spec.name + '/'))} arrays; "

@@ -54,6 +54,7 @@ from dptrain.tagi.blocks import LayerBlock, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
+from dptrain.tagi.lstm import LSTM
 from dptrain.tagi.norm import BatchNorm2d, LayerNorm
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
@@ -74,6 +75,7 @@ __all__ = [
     "HiddenStates",
     "Layer",
     "LayerBlock",
+    "LSTM",
     "LayerNorm",
     "LeakyReLU",
     "Linear",

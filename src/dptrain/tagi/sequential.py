@@ -134,6 +134,13 @@ class Sequential(Layer):
         self.input_delta_z_buffer = DeltaStates()
         self.input_delta_x = None
 
+    def reset_lstm_states(self) -> None:
+        """Zero the hidden and cell states every LSTM layer (nested ones included) carries
+        from one forward to the next (pytagi's name; docs/tagi.md, LSTM)."""
+        for layer in self.descendants():
+            if not isinstance(layer, Sequential) and hasattr(layer, "reset_lstm_states"):
+                layer.reset_lstm_states()
+
     # ------------------------------------------------------------------ properties
     @property
     def device(self) -> torch.device:

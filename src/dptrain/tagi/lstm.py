@@ -1,0 +1,336 @@
+"""LSTM layer (docs/tagi.md, LSTM): pytagi's TAGI-LSTM, every time step of a window at once.
+
+Shape legend: B batch, T seq_len, I input_size, O output_size, G = 4 gates in pytagi's order
+forget (f), input (i), cell candidate (c), output (o); H = I + O, the width of [x_t, h_prev_t].
+The weights are one (4·O, H) matrix, gate-major: rows [g·O, (g+1)·O) are gate g's (O, H) block,
+its first I columns multiplying x_t and its last O the previous hidden state. Flattened
+row-major this is pytagi's flat `mu_w` (w_pos_f = 0, w_pos_i = O·H, …); biases are (4·O,).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dptrain.tagi.base import ParamLayer, init_scale
+from dptrain.tagi.linear import _version
+from dptrain.tagi.states import DeltaStates, HiddenStates
+
+#: Gate order of the stacked weights and of the gate axis of `mu_ga`, `var_ga`, `jcb_ga`.
+GATES = ("f", "i", "c", "o")
+
+
+class LSTM(ParamLayer):
+    """TAGI LSTM over windows of `seq_len` steps, pytagi 0.2.1's math (Vuong, Nguyen & Goulet,
+    International Journal of Forecasting 41(1), 2025); docs/tagi.md, LSTM, has the equations.
+
+    Input: (B, T, I) states, or the flat (B, T·I) (and (B·T·I,) as a network's first layer)
+    that pytagi passes. Output: every time step's hidden state, (B, T, O); a following
+    `Linear(T * O, n)` flattens it (pytagi's `Sequential(LSTM(1, 8, 5), LSTM(8, 8, 5),
+    Linear(8 * 5, 1))`), a following LSTM takes it as its sequence.
+
+    Gates: f, i, o = sigmoid, c = tanh of the Gaussian [x_t, h_prev_t] through the stacked
+    weights, linearised like any activation. Cell and hidden states are products of Gaussians
+    with the covariances pytagi keeps: Cov(i, c̃) over all H inputs, Cov(o, tanh c) over the I
+    inputs only. As in pytagi 0.2.1, the previous states (h_prev, c_prev) of step t are NOT step
+    t−1 of the same window: they are states carried over from the previous forward call, and
+    only when `seq_len == 1` and the batch holds one sample (the online, one step at a time
+    use); otherwise they are zero, and the T steps of a window are computed independently.
+
+    Carried states (batch 1, seq_len 1): after each forward, `mu_h_prior, var_h_prior,
+    mu_c_prior, var_c_prior` hold the step's hidden and cell states; a training `backward`
+    replaces them by their posteriors given the innovations; the next forward starts from them.
+    `reset_lstm_states()` zeroes them (pytagi's `net.reset_lstm_states()`); a forward whose
+    batch size differs from the previous forward's does too, as in pytagi. They are not
+    parameters: not in `state_dict`, not synchronised by a data-parallel wrapper (each rank
+    carries its own shard's), dropped by `Sequential.to()`.
+
+    What the last forward stored, per sample and time step (each (B, T, ·), for backward and
+    for a smoother):
+        mu_ha, var_ha: (B, T, H) moments of [x_t, h_prev_t] (var_ha None when all zero).
+        mu_ga, var_ga, jcb_ga: (B, T, 4, O) gate moments after their activation and the
+            activation's Jacobian, gates in `GATES` order; `mu_f_ga`, `var_i_ga`, `jcb_o_ga`, …
+            are views of one gate.
+        cov_i_c, cov_o_tanh_c: (B, T, O) Cov(i, c̃) and Cov(o, tanh c).
+        mu_c, var_c: (B, T, O) cell state; mu_ca, var_ca, jcb_ca: its tanh and J.
+        mu_h_prev, var_h_prev, mu_c_prev, var_c_prev: (B, T, O) the previous states used.
+        mu_h, var_h: (B, T, O) the output hidden states (also returned).
+
+    Parameters: `mu_w, var_w` (4·O, I + O), `mu_b, var_b` (4·O,), pytagi's init: m ~ N(0, s²),
+    v = (gain·s)², s = sqrt(1/(I + O)) for "He" (pytagi's default), sqrt(2/(I + 2·O)) for
+    "Xavier", the four gates drawn one after the other, weights before biases.
+    """
+
+    def __init__(self, input_size: int, output_size: int, seq_len: int, bias: bool = True,
+                 gain_weight: float = 1.0, gain_bias: float = 1.0, init_method: str = "He",
+                 *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for name, value in (("input_size", input_size), ("output_size", output_size),
+                            ("seq_len", seq_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"LSTM: {name} must be a positive int, got {value!r}")
+        self.input_size, self.output_size, self.seq_len = input_size, output_size, seq_len
+        self.bias = bias
+        super().__init__()
+        width = input_size + output_size
+        scale = init_scale(init_method, width, output_size)
+        self._init_group("w", (4 * output_size, width), scale, gain_weight, dtype, device)
+        if bias:
+            self._init_group("b", (4 * output_size,), scale, gain_bias, dtype, device)
+        else:
+            self.mu_b = self.var_b = self.delta_mu_b = self.delta_var_b = None
+        self.clear_cache()
+
+    def param_groups(self) -> list[tuple[str, tuple[int, ...]]]:
+        groups = [("w", (4 * self.output_size, self.input_size + self.output_size))]
+        if self.bias:
+            groups.append(("b", (4 * self.output_size,)))
+        return groups
+
+    def input_sample_shape(self) -> tuple[int, ...]:
+        """(T, I): a network starting with an LSTM takes pytagi's flat (B, T·I) inputs."""
+        return (self.seq_len, self.input_size)
+
+    # ------------------------------------------------------------------ stored states
+    def clear_cache(self) -> None:
+        """Drop what the last forward stored and the carried states."""
+        self.mu_ha = self.var_ha = self.mu_ga = self.var_ga = self.jcb_ga = None
+        self.cov_i_c = self.cov_o_tanh_c = None
+        self.mu_c = self.var_c = self.mu_ca = self.var_ca = self.jcb_ca = None
+        self.mu_h = self.var_h = None
+        self._jcb_in: torch.Tensor | None = None  # J of the input states, None = 1
+        self._in_shape: tuple[int, ...] = ()
+        self._trained = False
+        self._weight_cache: tuple | None = None
+        self.reset_lstm_states()
+
+    def reset_lstm_states(self) -> None:
+        """Zero the carried hidden and cell states (pytagi's `reset_lstm_states`)."""
+        self.mu_h_prev = self.var_h_prev = self.mu_c_prev = self.var_c_prev = None
+        self.mu_h_prior = self.var_h_prior = self.mu_c_prior = self.var_c_prior = None
+        self._batch_size: int | None = None
+
+    def lstm_states(self) -> tuple[torch.Tensor | None, ...]:
+        """(mu_h_prior, var_h_prior, mu_c_prior, var_c_prior), each (B, T, O), the states the
+        next forward starts from (None before a forward or after a reset)."""
+        return self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior
+
+    def set_lstm_states(self, mu_h: torch.Tensor, var_h: torch.Tensor, mu_c: torch.Tensor,
+                        var_c: torch.Tensor) -> None:
+        """Start the next forward from these states (pytagi's `set_LSTM_states`): each holds
+        B·T·O values for a batch of B windows; a forward with another batch size resets them."""
+        shape = (-1, self.seq_len, self.output_size)
+        values = [torch.as_tensor(x, dtype=self.mu_w.dtype, device=self.mu_w.device)
+                  .reshape(shape).clone() for x in (mu_h, var_h, mu_c, var_c)]
+        if len({v.shape for v in values}) != 1:
+            raise ValueError(f"{self.label}: set_lstm_states needs four arrays of the same "
+                             f"size, got {[tuple(v.shape) for v in values]}")
+        self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior = values
+        self._batch_size = values[0].shape[0]
+
+    def _previous_states(self, batch: int, like: torch.Tensor) -> None:
+        """Set mu/var_h/c_prev for this forward: the carried priors when carrying (B = 1,
+        T = 1), else zeros; a batch size other than the last forward's resets the carry."""
+        if batch != self._batch_size:
+            self.reset_lstm_states()
+            self._batch_size = batch
+        shape = (batch, self.seq_len, self.output_size)
+        if self.mu_h_prior is None or self.mu_h_prior.shape != shape or \
+                self.mu_h_prior.dtype != like.dtype or self.mu_h_prior.device != like.device:
+            zeros = like.new_zeros(shape)
+            self.mu_h_prior = self.var_h_prior = self.mu_c_prior = self.var_c_prior = zeros
+        self.mu_h_prev, self.var_h_prev = self.mu_h_prior, self.var_h_prior
+        self.mu_c_prev, self.var_c_prev = self.mu_c_prior, self.var_c_prior
+
+    @property
+    def carries_states(self) -> bool:
+        """True when the last forward carried its states to the next (B = 1, T = 1)."""
+        return self.seq_len == 1 and self._batch_size == 1
+
+    # ------------------------------------------------------------------ weights
+    def _weight_moments(self) -> tuple[torch.Tensor, ...]:
+        """Products of the weights the forward and backward need, once per parameter version
+        (same caching rule as `Linear._weight_moments`):
+
+        (m_W² + v_W (4O, H), m_W² (4O, H), the covariance weights (4O, H), the pair weights
+        (16·O, I)). The covariance weights stack, per output unit j and input k, the products
+        w_i·w_c (all H inputs), w_f·w_o, w_i·w_o, w_c·w_o (the I inputs only, the hidden
+        columns zeroed), so one product with v_HA gives every covariance sum. The pair weights
+        hold w_g·w_g' over the input columns for the 16 gate pairs (g, g'), for the variance
+        innovation of the input.
+        """
+        mu_w, var_w = self.mu_w, self.var_w
+        version = _version(mu_w), _version(var_w)
+        cache = self._weight_cache
+        if (cache is None or cache[0] is not mu_w or cache[1] is not var_w or
+                cache[2] != version or version[0] is None):
+            o, i = self.output_size, self.input_size
+            mu_w_sq = mu_w * mu_w
+            gates = mu_w.view(4, o, i + o)
+            w_f, w_i, w_c, w_o = gates.unbind(0)
+            cov_w = torch.stack((w_i * w_c, w_f * w_o, w_i * w_o, w_c * w_o))  # (4, O, H)
+            cov_w[1:, :, i:] = 0
+            x_part = gates[:, :, :i]  # (4, O, I)
+            pairs = (x_part[:, None] * x_part[None, :]).reshape(16 * o, i)
+            cache = (mu_w, var_w, version, mu_w_sq + var_w, mu_w_sq,
+                     cov_w.reshape(4 * o, i + o), pairs)
+            self._weight_cache = cache
+        return cache[3:]
+
+    # ------------------------------------------------------------------ forward
+    def _sequence(self, states: HiddenStates) -> tuple[torch.Tensor, ...]:
+        """The input as (B, T, I) mean, variance (or None) and J (or None)."""
+        mu = states.mu_a
+        t, i = self.seq_len, self.input_size
+        if mu.dim() == 2 and mu.shape[1] == t * i:
+            shape = (mu.shape[0], t, i)
+        elif mu.dim() == 3 and tuple(mu.shape[1:]) == (t, i):
+            shape = tuple(mu.shape)
+        else:
+            raise ValueError(f"{self.label}: expected input of shape (batch, {t}, {i}) or "
+                             f"(batch, {t * i}), got {tuple(mu.shape)}")
+        return tuple(None if x is None else x.reshape(shape)
+                     for x in (mu, states.var_a, states.jcb))
+
+    def forward(self, states: HiddenStates) -> HiddenStates:
+        mu_x, var_x, jcb = self._sequence(states)  # (B, T, I)
+        batch, o = mu_x.shape[0], self.output_size
+        self._previous_states(batch, mu_x)
+        carry = self.carries_states
+        w_total, _, cov_w, _ = self._weight_moments()
+        mu_ha = torch.cat((mu_x, self.mu_h_prev), dim=2)  # (B, T, H)
+        var_ha = None
+        if var_x is not None or carry:
+            var_in = var_x if var_x is not None else torch.zeros_like(mu_x)
+            var_ha = torch.cat((var_in, self.var_h_prev), dim=2)
+        # All four gates of all T steps in one product each (B, T, 4·O).
+        mu_z = F.linear(mu_ha, self.mu_w, self.mu_b)
+        var_z = F.linear(mu_ha * mu_ha, self.var_w, self.var_b)
+        if var_ha is not None:
+            var_z.add_(F.linear(var_ha, w_total))
+        mu_ga, var_ga, jcb_ga = _gate_moments(mu_z.view(batch, self.seq_len, 4, o),
+                                              var_z.view(batch, self.seq_len, 4, o))
+        mu_f, mu_i, mu_c_ga, mu_o = mu_ga.unbind(2)  # (B, T, O) each
+        var_f, var_i, var_c_ga, var_o = var_ga.unbind(2)
+        jcb_f, jcb_i, jcb_c_ga, jcb_o = jcb_ga.unbind(2)
+        if var_ha is not None:
+            sums = F.linear(var_ha, cov_w).view(batch, self.seq_len, 4, o)
+            cov_i_c = jcb_i * jcb_c_ga * sums[:, :, 0]
+        else:
+            sums, cov_i_c = None, torch.zeros_like(mu_i)
+        mu_c_prev, var_c_prev = self.mu_c_prev, self.var_c_prev
+        # c = f·c_prev + i·c̃ with f, c_prev independent and Cov(i, c̃) kept.
+        mu_c = mu_f * mu_c_prev + mu_i * mu_c_ga + cov_i_c
+        var_c = (var_c_prev * (mu_f * mu_f + var_f) + var_f * mu_c_prev * mu_c_prev
+                 + var_c_ga * (mu_i * mu_i + var_i) + var_i * mu_c_ga * mu_c_ga
+                 + cov_i_c * (cov_i_c + 2 * mu_i * mu_c_ga))
+        mu_ca = torch.tanh(mu_c)
+        jcb_ca = 1 - mu_ca * mu_ca
+        var_ca = jcb_ca * jcb_ca * var_c
+        if sums is not None:
+            cov_o_tanh_c = jcb_ca * jcb_o * (jcb_f * mu_c_prev * sums[:, :, 1]
+                                             + jcb_i * mu_c_ga * sums[:, :, 2]
+                                             + jcb_c_ga * mu_i * sums[:, :, 3])
+        else:
+            cov_o_tanh_c = torch.zeros_like(mu_c)
+        # h = o·tanh(c) with Cov(o, tanh c) kept.
+        mu_h = mu_o * mu_ca + cov_o_tanh_c
+        var_h = (var_ca * (mu_o * mu_o + var_o) + var_o * mu_ca * mu_ca
+                 + cov_o_tanh_c * (cov_o_tanh_c + 2 * mu_o * mu_ca))
+        self.mu_ha, self.var_ha = mu_ha, var_ha
+        self.mu_ga, self.var_ga, self.jcb_ga = mu_ga, var_ga, jcb_ga
+        self.cov_i_c, self.cov_o_tanh_c = cov_i_c, cov_o_tanh_c
+        self.mu_c, self.var_c, self.mu_ca, self.var_ca, self.jcb_ca = \
+            mu_c, var_c, mu_ca, var_ca, jcb_ca
+        self.mu_h, self.var_h = mu_h, var_h
+        if carry:  # the next forward starts from this step's states
+            self.mu_h_prior, self.var_h_prior = mu_h, var_h
+            self.mu_c_prior, self.var_c_prior = mu_c, var_c
+        self._trained = self.training
+        if self.training:
+            self._jcb_in, self._in_shape = jcb, tuple(states.mu_a.shape)
+        return HiddenStates(mu_h, var_h, None)
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
+        """Writes g_m, g_v of every gate's weights and biases (Δ = v g_m, v² g_v follows in
+        `scale_deltas_`, base.py); returns the input's innovations; when carrying states,
+        replaces the carried priors by their posteriors."""
+        if not self._trained or self.mu_ga is None:
+            raise RuntimeError(f"{self.label}: backward() needs a forward in training mode first")
+        shape = self.mu_h.shape
+        delta_mu = delta.delta_mu.reshape(shape)  # (B, T, O)
+        delta_var = delta.delta_var.reshape(shape)
+        batch, t, o = shape
+        rows = batch * t
+        mu_f, mu_i, mu_c_ga, mu_o = self.mu_ga.unbind(2)
+        # ∂h/∂(gate g's pre-activation), per unit: the chain through tanh(c) (f, i, c̃) or
+        # straight (o), with the means of the other factors.
+        through_cell = self.jcb_ca * mu_o
+        coef = self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
+                                          through_cell * mu_c_ga, through_cell * mu_i,
+                                          self.mu_ca), dim=2)  # (B, T, 4, O)
+        coef_mu = coef * delta_mu.unsqueeze(2)
+        coef_sq = coef * coef
+        coef_var = coef_sq * delta_var.unsqueeze(2)
+        mu_ha = self.mu_ha.reshape(rows, -1)  # (B·T, H)
+        torch.mm(coef_mu.reshape(rows, 4 * o).t(), mu_ha, out=self.delta_mu_w)  # (4O, H)
+        torch.mm(coef_var.reshape(rows, 4 * o).t(), mu_ha * mu_ha, out=self.delta_var_w)
+        if self.bias:
+            torch.sum(coef_mu.reshape(rows, 4 * o), 0, out=self.delta_mu_b)
+            torch.sum(coef_var.reshape(rows, 4 * o), 0, out=self.delta_var_b)
+        if self.carries_states:
+            self._update_carried(delta_mu, delta_var, mu_o)
+        if not need_input_delta:
+            return None
+        i = self.input_size
+        delta_mu_in = torch.mm(coef_mu.reshape(rows, 4 * o), self.mu_w[:, :i])  # (B·T, I)
+        # δv_x = Σ_j δv_j (Σ_g a_g,j w_g,jx)²: the square of a sum over gates, so each gate
+        # pair (g, g') contributes a_g a_g' δv against w_g w_g' (one product, 16·O wide).
+        pairs_w = self._weight_moments()[3]
+        pair_coef = (coef.unsqueeze(3) * coef.unsqueeze(2)) * delta_var[:, :, None, None, :]
+        delta_var_in = torch.mm(pair_coef.reshape(rows, 16 * o), pairs_w)
+        delta_mu_in = delta_mu_in.view(batch, t, i)
+        delta_var_in = delta_var_in.view(batch, t, i)
+        if self._jcb_in is not None:
+            delta_mu_in = delta_mu_in * self._jcb_in
+            delta_var_in = delta_var_in * self._jcb_in * self._jcb_in
+        return DeltaStates(delta_mu_in.reshape(self._in_shape),
+                           delta_var_in.reshape(self._in_shape))
+
+    def _update_carried(self, delta_mu: torch.Tensor, delta_var: torch.Tensor,
+                        mu_o: torch.Tensor) -> None:
+        """Posterior of the carried h and c given the innovations of h (pytagi's rule):
+        Cov(h, h) = v_h; Cov(c, h) ≈ v_c · J_tanh(c) · m_o."""
+        var_h = self.var_h_prior
+        self.mu_h_prior = self.mu_h_prior + delta_mu * var_h
+        self.var_h_prior = (1 + delta_var * var_h) * var_h
+        gain = self.var_c_prior * self.jcb_ca * mu_o
+        self.mu_c_prior = self.mu_c_prior + gain * delta_mu
+        self.var_c_prior = self.var_c_prior + gain * delta_var * gain
+
+    def __repr__(self) -> str:
+        return f"LSTM({self.input_size}, {self.output_size}, {self.seq_len}, bias={self.bias})"
+
+
+def _gate_moments(mu_z: torch.Tensor, var_z: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m, v, J) of the gates (B, T, 4, O): sigmoid for f, i, o, tanh for c̃, linearised."""
+    mu = torch.sigmoid(mu_z)
+    jcb = mu * (1 - mu)
+    cell = torch.tanh(mu_z[:, :, 2])
+    mu[:, :, 2] = cell
+    jcb[:, :, 2] = 1 - cell * cell
+    return mu, jcb * jcb * var_z, jcb
+
+
+def _gate_view(kind: str, index: int) -> property:
+    def get(self: LSTM) -> torch.Tensor | None:
+        stacked = getattr(self, f"{kind}_ga")
+        return None if stacked is None else stacked[:, :, index]
+    return property(get, doc=f"(B, T, O) {kind} of gate {GATES[index]} (a view of {kind}_ga)")
+
+
+for _index, _gate in enumerate(GATES):
+    for _kind in ("mu", "var", "jcb"):
+        setattr(LSTM, f"{_kind}_{_gate}_ga", _gate_view(_kind, _index))
