@@ -33,6 +33,7 @@ from dptrain.tagi import (
     Conv2d,
     EvenExp,
     HRCSoftmax,
+    LSTM,
     LayerBlock,
     Linear,
     MixtureReLU,
@@ -127,6 +128,22 @@ def tagi_mlp(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
         return Sequential(*layers, Linear(width, 2 * num_outputs, gain_weight=gw, gain_bias=gb),
                           EvenExp(), dtype=options.dtype)
     return Sequential(*layers, Linear(width, num_outputs, gain_weight=gw, gain_bias=gb),
+                      dtype=options.dtype)
+
+
+def tagi_lstm(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """pytagi's forecasting network: LSTM(1, hidden, L) - LSTM(hidden, hidden, L) -
+    Linear(hidden·L, num_outputs), for windows of L values of one series (flat (L,) inputs,
+    or (L, features) for several values per time step)."""
+    if len(input_shape) not in (1, 2):
+        raise ConfigError(f"tagi-lstm takes windows (lookback,) or (lookback, features), got "
+                          f"inputs of shape {input_shape}")
+    seq_len, features = input_shape[0], (input_shape[1] if len(input_shape) == 2 else 1)
+    gw, gb = _gains(options)
+    hidden = options.hidden
+    return Sequential(LSTM(features, hidden, seq_len, gain_weight=gw, gain_bias=gb),
+                      LSTM(hidden, hidden, seq_len, gain_weight=gw, gain_bias=gb),
+                      Linear(hidden * seq_len, num_outputs, gain_weight=gw, gain_bias=gb),
                       dtype=options.dtype)
 
 
@@ -343,8 +360,12 @@ def torch_resnet50(input_shape: tuple[int, ...], num_outputs: int, options: Mode
 
 # ------------------------------------------------------------------------------ the registry
 _RESNET_DEFAULTS = {"batch_size": 64, "sigma_v": 0.05, "gain": 0.083}
+_LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
+    ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
+              "forecasting network: 2 LSTM layers of --hidden units, a Linear head)",
+              defaults=_LSTM_DEFAULTS),
     ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN)",
               needs_image=True),
     ModelSpec("tagi-resnet18", "tagi", tagi_resnet18, "TAGI ResNet18 (pytagi's CIFAR-10 one)",
