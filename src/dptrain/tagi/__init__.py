@@ -43,6 +43,16 @@ Image networks take NCHW states, e.g. pytagi's MNIST CNN::
                      AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
                      Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
     mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
+
+Sequence networks take windows (B, T, D), or pytagi's flat (B, T·D) arrays; an LSTM outputs
+every step's hidden state (B, T, O), e.g. pytagi's time-series network::
+
+    net = Sequential(LSTM(1, 8, 5), LSTM(8, 8, 5), Linear(8 * 5, 1))
+    mu, var = net(torch.randn(16, 5, 1))              # (16, 1) each
+    net.reset_lstm_states()                           # what LSTMs carry between calls
+
+(as in pytagi 0.2.1, hidden and cell states carry from one call to the next only for a batch
+of one sample and seq_len 1; docs/tagi.md, LSTM).
 """
 
 from __future__ import annotations

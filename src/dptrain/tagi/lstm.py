@@ -99,9 +99,10 @@ class LSTM(ParamLayer):
         self.mu_c = self.var_c = self.mu_ca = self.var_ca = self.jcb_ca = None
         self.mu_h = self.var_h = None
         self._jcb_in: torch.Tensor | None = None  # J of the input states, None = 1
+        self._mu_ha_sq: torch.Tensor | None = None
         self._in_shape: tuple[int, ...] = ()
         self._trained = False
-        self._weight_cache: tuple | None = None
+        self._weight_cache: dict[str, object] | None = None
         self.reset_lstm_states()
 
     def reset_lstm_states(self) -> None:
@@ -109,6 +110,7 @@ class LSTM(ParamLayer):
         self.mu_h_prev = self.var_h_prev = self.mu_c_prev = self.var_c_prev = None
         self.mu_h_prior = self.var_h_prior = self.mu_c_prior = self.var_c_prior = None
         self._batch_size: int | None = None
+        self._prev_zero = True
 
     def lstm_states(self) -> tuple[torch.Tensor | None, ...]:
         """(mu_h_prior, var_h_prior, mu_c_prior, var_c_prior), each (B, T, O), the states the
@@ -127,6 +129,7 @@ class LSTM(ParamLayer):
                              f"size, got {[tuple(v.shape) for v in values]}")
         self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior = values
         self._batch_size = values[0].shape[0]
+        self._prev_zero = False
 
     def _previous_states(self, batch: int, like: torch.Tensor) -> None:
         """Set mu/var_h/c_prev for this forward: the carried priors when carrying (B = 1,
@@ -139,6 +142,7 @@ class LSTM(ParamLayer):
                 self.mu_h_prior.dtype != like.dtype or self.mu_h_prior.device != like.device:
             zeros = like.new_zeros(shape)
             self.mu_h_prior = self.var_h_prior = self.mu_c_prior = self.var_c_prior = zeros
+            self._prev_zero = True  # lets forward and backward skip the f·c_prev terms
         self.mu_h_prev, self.var_h_prev = self.mu_h_prior, self.var_h_prior
         self.mu_c_prev, self.var_c_prev = self.mu_c_prior, self.var_c_prior
 
@@ -148,34 +152,38 @@ class LSTM(ParamLayer):
         return self.seq_len == 1 and self._batch_size == 1
 
     # ------------------------------------------------------------------ weights
-    def _weight_moments(self) -> tuple[torch.Tensor, ...]:
-        """Products of the weights the forward and backward need, once per parameter version
-        (same caching rule as `Linear._weight_moments`):
+    def _weights(self, name: str) -> torch.Tensor:
+        """A product of the weights, computed at most once per parameter version and only
+        when asked for (same caching rule as `Linear._weight_moments`):
 
-        (m_W² + v_W (4O, H), m_W² (4O, H), the covariance weights (4O, H), the pair weights
-        (16·O, I)). The covariance weights stack, per output unit j and input k, the products
-        w_i·w_c (all H inputs), w_f·w_o, w_i·w_o, w_c·w_o (the I inputs only, the hidden
-        columns zeroed), so one product with v_HA gives every covariance sum. The pair weights
-        hold w_g·w_g' over the input columns for the 16 gate pairs (g, g'), for the variance
-        innovation of the input.
+        "total" m_W² + v_W (4·O, H), for the variance of the gates given v_X.
+        "cov" (4·O, H): per output unit j and input k, the products w_i·w_c̃ (all H inputs),
+            w_f·w_o, w_i·w_o, w_c̃·w_o (the I inputs only; the hidden columns zeroed), so one
+            product with v_X gives every covariance sum of the forward.
+        "pairs" (16·O, I): w_g·w_g' over the input columns for the 16 gate pairs (g, g'), for
+            the variance innovation of the input.
         """
         mu_w, var_w = self.mu_w, self.var_w
         version = _version(mu_w), _version(var_w)
         cache = self._weight_cache
-        if (cache is None or cache[0] is not mu_w or cache[1] is not var_w or
-                cache[2] != version or version[0] is None):
+        if (cache is None or cache["mu_w"] is not mu_w or cache["var_w"] is not var_w or
+                cache["version"] != version or version[0] is None):
+            cache = self._weight_cache = {"mu_w": mu_w, "var_w": var_w, "version": version}
+        if name not in cache:
             o, i = self.output_size, self.input_size
-            mu_w_sq = mu_w * mu_w
             gates = mu_w.view(4, o, i + o)
-            w_f, w_i, w_c, w_o = gates.unbind(0)
-            cov_w = torch.stack((w_i * w_c, w_f * w_o, w_i * w_o, w_c * w_o))  # (4, O, H)
-            cov_w[1:, :, i:] = 0
-            x_part = gates[:, :, :i]  # (4, O, I)
-            pairs = (x_part[:, None] * x_part[None, :]).reshape(16 * o, i)
-            cache = (mu_w, var_w, version, mu_w_sq + var_w, mu_w_sq,
-                     cov_w.reshape(4 * o, i + o), pairs)
-            self._weight_cache = cache
-        return cache[3:]
+            if name == "total":
+                value = torch.addcmul(var_w, mu_w, mu_w)
+            elif name == "cov":
+                w_f, w_i, w_c, w_o = gates.unbind(0)
+                value = torch.stack((w_i * w_c, w_f * w_o, w_i * w_o, w_c * w_o))  # (4, O, H)
+                value[1:, :, i:].zero_()
+                value = value.view(4 * o, i + o)
+            else:
+                x_part = gates[:, :, :i]  # (4, O, I)
+                value = (x_part[:, None] * x_part[None, :]).reshape(16 * o, i)
+            cache[name] = value
+        return cache[name]
 
     # ------------------------------------------------------------------ forward
     def _sequence(self, states: HiddenStates) -> tuple[torch.Tensor, ...]:
@@ -194,58 +202,71 @@ class LSTM(ParamLayer):
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         mu_x, var_x, jcb = self._sequence(states)  # (B, T, I)
-        batch, o = mu_x.shape[0], self.output_size
+        batch, t, o = mu_x.shape[0], self.seq_len, self.output_size
         self._previous_states(batch, mu_x)
-        carry = self.carries_states
-        w_total, _, cov_w, _ = self._weight_moments()
+        prev_zero = self._prev_zero
         mu_ha = torch.cat((mu_x, self.mu_h_prev), dim=2)  # (B, T, H)
+        mu_ha_sq = mu_ha * mu_ha
         var_ha = None
-        if var_x is not None or carry:
+        if var_x is not None or not prev_zero:
             var_in = var_x if var_x is not None else torch.zeros_like(mu_x)
             var_ha = torch.cat((var_in, self.var_h_prev), dim=2)
-        # All four gates of all T steps in one product each (B, T, 4·O).
-        mu_z = F.linear(mu_ha, self.mu_w, self.mu_b)
-        var_z = F.linear(mu_ha * mu_ha, self.var_w, self.var_b)
+        # All four gates of all T steps in one product per moment: (B·T, 4·O).
+        rows, width = batch * t, self.input_size + o
+        mu_z = F.linear(mu_ha, self.mu_w, self.mu_b).view(batch, t, 4, o)
+        var_z = F.linear(mu_ha_sq, self.var_w, self.var_b)
         if var_ha is not None:
-            var_z.add_(F.linear(var_ha, w_total))
-        mu_ga, var_ga, jcb_ga = _gate_moments(mu_z.view(batch, self.seq_len, 4, o),
-                                              var_z.view(batch, self.seq_len, 4, o))
-        mu_f, mu_i, mu_c_ga, mu_o = mu_ga.unbind(2)  # (B, T, O) each
-        var_f, var_i, var_c_ga, var_o = var_ga.unbind(2)
-        jcb_f, jcb_i, jcb_c_ga, jcb_o = jcb_ga.unbind(2)
-        if var_ha is not None:
-            sums = F.linear(var_ha, cov_w).view(batch, self.seq_len, 4, o)
-            cov_i_c = jcb_i * jcb_c_ga * sums[:, :, 0]
-        else:
-            sums, cov_i_c = None, torch.zeros_like(mu_i)
+            var_z.view(rows, 4 * o).addmm_(var_ha.view(rows, width), self._weights("total").t())
+        mu_ga, var_ga, jcb_ga = _gate_moments(mu_z, var_z.view(batch, t, 4, o))
+        sq_ga = mu_ga * mu_ga  # m² of every gate
+        second_ga = sq_ga + var_ga  # E[g²] = m² + v
+        mu_f, mu_i, mu_cg, mu_o = mu_ga.unbind(2)  # (B, T, O) each
+        var_f, var_i, var_cg, var_o = var_ga.unbind(2)
+        jcb_f, jcb_i, jcb_cg, jcb_o = jcb_ga.unbind(2)
         mu_c_prev, var_c_prev = self.mu_c_prev, self.var_c_prev
-        # c = f·c_prev + i·c̃ with f, c_prev independent and Cov(i, c̃) kept.
-        mu_c = mu_f * mu_c_prev + mu_i * mu_c_ga + cov_i_c
-        var_c = (var_c_prev * (mu_f * mu_f + var_f) + var_f * mu_c_prev * mu_c_prev
-                 + var_c_ga * (mu_i * mu_i + var_i) + var_i * mu_c_ga * mu_c_ga
-                 + cov_i_c * (cov_i_c + 2 * mu_i * mu_c_ga))
+        # c = f·c_prev + i·c̃, f and c_prev independent, Cov(i, c̃) kept:
+        # v_c = v_c̃ E[i²] + v_i m_c̃² + Cov·(Cov + 2 m_i m_c̃) (+ the f·c_prev terms).
+        prod_ic = mu_i * mu_cg
+        var_c = var_cg * second_ga[:, :, 1]
+        var_c.addcmul_(var_i, sq_ga[:, :, 2])
+        if var_ha is not None:
+            sums = F.linear(var_ha, self._weights("cov")).view(batch, t, 4, o)
+            cov_i_c = jcb_i * jcb_cg * sums[:, :, 0]
+            mu_c = prod_ic + cov_i_c
+            var_c.addcmul_(cov_i_c, mu_c + prod_ic)
+        else:
+            sums, cov_i_c, mu_c = None, torch.zeros_like(prod_ic), prod_ic
+        if not prev_zero:
+            mu_c = torch.addcmul(mu_c, mu_f, mu_c_prev)
+            var_c.addcmul_(var_c_prev, second_ga[:, :, 0]).addcmul_(var_f,
+                                                                   mu_c_prev * mu_c_prev)
         mu_ca = torch.tanh(mu_c)
         jcb_ca = 1 - mu_ca * mu_ca
         var_ca = jcb_ca * jcb_ca * var_c
+        # h = o·tanh(c), Cov(o, tanh c) through the gates o shares inputs with.
+        prod_h = mu_o * mu_ca
+        var_h = var_ca * second_ga[:, :, 3]
+        var_h.addcmul_(var_o, mu_ca * mu_ca)
         if sums is not None:
-            cov_o_tanh_c = jcb_ca * jcb_o * (jcb_f * mu_c_prev * sums[:, :, 1]
-                                             + jcb_i * mu_c_ga * sums[:, :, 2]
-                                             + jcb_c_ga * mu_i * sums[:, :, 3])
+            paths = jcb_i * mu_cg * sums[:, :, 2]
+            paths.addcmul_(jcb_cg * mu_i, sums[:, :, 3])
+            if not prev_zero:
+                paths.addcmul_(jcb_f * mu_c_prev, sums[:, :, 1])
+            cov_o_tanh_c = paths.mul_(jcb_o).mul_(jcb_ca)
+            mu_h = prod_h + cov_o_tanh_c
+            var_h.addcmul_(cov_o_tanh_c, mu_h + prod_h)
         else:
-            cov_o_tanh_c = torch.zeros_like(mu_c)
-        # h = o·tanh(c) with Cov(o, tanh c) kept.
-        mu_h = mu_o * mu_ca + cov_o_tanh_c
-        var_h = (var_ca * (mu_o * mu_o + var_o) + var_o * mu_ca * mu_ca
-                 + cov_o_tanh_c * (cov_o_tanh_c + 2 * mu_o * mu_ca))
-        self.mu_ha, self.var_ha = mu_ha, var_ha
+            cov_o_tanh_c, mu_h = torch.zeros_like(prod_h), prod_h
+        self.mu_ha, self.var_ha, self._mu_ha_sq = mu_ha, var_ha, mu_ha_sq  # m_X² for backward
         self.mu_ga, self.var_ga, self.jcb_ga = mu_ga, var_ga, jcb_ga
         self.cov_i_c, self.cov_o_tanh_c = cov_i_c, cov_o_tanh_c
         self.mu_c, self.var_c, self.mu_ca, self.var_ca, self.jcb_ca = \
             mu_c, var_c, mu_ca, var_ca, jcb_ca
         self.mu_h, self.var_h = mu_h, var_h
-        if carry:  # the next forward starts from this step's states
+        if self.carries_states:  # the next forward starts from this step's states
             self.mu_h_prior, self.var_h_prior = mu_h, var_h
             self.mu_c_prior, self.var_c_prior = mu_c, var_c
+            self._prev_zero = False
         self._trained = self.training
         if self.training:
             self._jcb_in, self._in_shape = jcb, tuple(states.mu_a.shape)
@@ -262,7 +283,7 @@ class LSTM(ParamLayer):
         delta_mu = delta.delta_mu.reshape(shape)  # (B, T, O)
         delta_var = delta.delta_var.reshape(shape)
         batch, t, o = shape
-        rows = batch * t
+        rows, width = batch * t, self.input_size + o
         mu_f, mu_i, mu_c_ga, mu_o = self.mu_ga.unbind(2)
         # ∂h/∂(gate g's pre-activation), per unit: the chain through tanh(c) (f, i, c̃) or
         # straight (o), with the means of the other factors.
@@ -270,24 +291,23 @@ class LSTM(ParamLayer):
         coef = self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
                                           through_cell * mu_c_ga, through_cell * mu_i,
                                           self.mu_ca), dim=2)  # (B, T, 4, O)
-        coef_mu = coef * delta_mu.unsqueeze(2)
-        coef_sq = coef * coef
-        coef_var = coef_sq * delta_var.unsqueeze(2)
-        mu_ha = self.mu_ha.reshape(rows, -1)  # (B·T, H)
-        torch.mm(coef_mu.reshape(rows, 4 * o).t(), mu_ha, out=self.delta_mu_w)  # (4O, H)
-        torch.mm(coef_var.reshape(rows, 4 * o).t(), mu_ha * mu_ha, out=self.delta_var_w)
+        coef_mu = (coef * delta_mu.unsqueeze(2)).view(rows, 4 * o)
+        coef_var = (coef * coef).mul_(delta_var.unsqueeze(2)).view(rows, 4 * o)
+        # Linear's rule with δ replaced by a_g δ: one product for all four gates, (4·O, H).
+        torch.mm(coef_mu.t(), self.mu_ha.view(rows, width), out=self.delta_mu_w)
+        torch.mm(coef_var.t(), self._mu_ha_sq.view(rows, width), out=self.delta_var_w)
         if self.bias:
-            torch.sum(coef_mu.reshape(rows, 4 * o), 0, out=self.delta_mu_b)
-            torch.sum(coef_var.reshape(rows, 4 * o), 0, out=self.delta_var_b)
+            torch.sum(coef_mu, 0, out=self.delta_mu_b)
+            torch.sum(coef_var, 0, out=self.delta_var_b)
         if self.carries_states:
             self._update_carried(delta_mu, delta_var, mu_o)
         if not need_input_delta:
             return None
         i = self.input_size
-        delta_mu_in = torch.mm(coef_mu.reshape(rows, 4 * o), self.mu_w[:, :i])  # (B·T, I)
+        delta_mu_in = torch.mm(coef_mu, self.mu_w[:, :i])  # (B·T, I)
         # δv_x = Σ_j δv_j (Σ_g a_g,j w_g,jx)²: the square of a sum over gates, so each gate
         # pair (g, g') contributes a_g a_g' δv against w_g w_g' (one product, 16·O wide).
-        pairs_w = self._weight_moments()[3]
+        pairs_w = self._weights("pairs")
         pair_coef = (coef.unsqueeze(3) * coef.unsqueeze(2)) * delta_var[:, :, None, None, :]
         delta_var_in = torch.mm(pair_coef.reshape(rows, 16 * o), pairs_w)
         delta_mu_in = delta_mu_in.view(batch, t, i)
@@ -315,13 +335,26 @@ class LSTM(ParamLayer):
 
 def _gate_moments(mu_z: torch.Tensor, var_z: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(m, v, J) of the gates (B, T, 4, O): sigmoid for f, i, o, tanh for c̃, linearised."""
+    """(m, v, J) of the gates (B, T, 4, O): sigmoid for f, i, o, tanh for c̃, linearised.
+
+    J = (1 − m)(m + e) with e = 1 for c̃, 0 elsewhere: m(1 − m) for a sigmoid, 1 − m² for tanh.
+    """
     mu = torch.sigmoid(mu_z)
-    jcb = mu * (1 - mu)
-    cell = torch.tanh(mu_z[:, :, 2])
-    mu[:, :, 2] = cell
-    jcb[:, :, 2] = 1 - cell * cell
+    torch.tanh(mu_z[:, :, 2], out=mu[:, :, 2])
+    jcb = (1 - mu).mul_(mu + _cell_gate_indicator(mu))
     return mu, jcb * jcb * var_z, jcb
+
+
+_INDICATORS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _cell_gate_indicator(like: torch.Tensor) -> torch.Tensor:
+    """(4, 1) column (0, 0, 1, 0) in `like`'s dtype and device, made once."""
+    key = (like.dtype, like.device)
+    if key not in _INDICATORS:
+        _INDICATORS[key] = torch.tensor([[0.0], [0.0], [1.0], [0.0]], dtype=like.dtype,
+                                        device=like.device)
+    return _INDICATORS[key]
 
 
 def _gate_view(kind: str, index: int) -> property:
