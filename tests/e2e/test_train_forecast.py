@@ -41,9 +41,10 @@ def _summary(out: Path) -> dict:
 
 def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(tmp_path):
     data = _long_csv(tmp_path / "regions.csv")
-    common = ["train", "--dataset", f"series:{data}", "--lookback", "12", "--horizon", "2",
-              "--hidden", "16", "--sigma-v", "0.2", "--epochs", "2", "--batch-size", "16",
-              "--checkpoint-every", "10", "--no-progress"]
+    # the registry's LSTM with its defaults (batch 16: 19 steps an epoch)
+    common = ["train", "--model", "tagi-lstm", "--dataset", f"series:{data}", "--lookback",
+              "12", "--horizon", "2", "--epochs", "2", "--checkpoint-every", "10",
+              "--no-progress"]
     clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
     assert clean.returncode == 0, clean.output
     killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:25",
