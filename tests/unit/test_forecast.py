@@ -14,6 +14,7 @@ import torch
 from dptrain.data import load_dataset
 from dptrain.data.datasets.series import series_split
 from dptrain.dist import Runtime
+from dptrain.errors import ConfigError
 from dptrain.dist.env import SINGLE
 from dptrain.learners.build import create_learner, model_defaults
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -169,3 +170,16 @@ def test_a_multi_step_forecast_of_the_whole_test_part_beats_seasonal_naive():
         assert metrics["mase"] < 1.0 and metrics["nd"] < 0.15, (seed, metrics)
         log_liks.append(metrics["log_likelihood"])
     assert np.mean(log_liks) > baseline + 0.1, (log_liks, baseline)
+
+
+def test_a_torch_model_refuses_a_series_with_missing_targets_in_one_line():
+    values = np.sin(np.arange(60.0) / 4)[None] + 2
+    values[0, 20] = np.nan
+    split = series_split("gappy", ["a"], [str(t) for t in range(60)], values, lookback=5,
+                         horizon=2)  # with horizon 1 the window of the gap is left out
+    with pytest.raises(ConfigError, match=r"dataset gappy: 2 training target\(s\) are missing "
+                                          r"values; torch-mlp is a torch model"):
+        create_learner(ModelConfig(model="torch-mlp"), LearnerConfig(), split, seed=0)
+    complete = series_split("whole", ["a"], [str(t) for t in range(60)], values,
+                            lookback=5, horizon=1)
+    create_learner(ModelConfig(model="torch-mlp"), LearnerConfig(), complete, seed=0)
