@@ -134,9 +134,9 @@ def plot_forecast(path: Path, series: SeriesData, forecast: Forecast) -> bool:
     ahead = steps[forecast.start:]
     for s, ax in enumerate(axes[:, 0]):
         m, sd = forecast.mean[s], forecast.var[s].sqrt()
-        ax.plot(steps, series.values[s], color="k", lw=0.8, label="observed")
-        ax.fill_between(ahead, m - 2 * sd, m + 2 * sd, color="C0", alpha=0.25, label="±2σ")
-        ax.plot(ahead, m, color="C0", label="forecast mean")
+        ax.plot(steps, series.values[s], color="0.35", lw=0.6, label="observed")
+        ax.fill_between(ahead, m - 2 * sd, m + 2 * sd, color="C0", alpha=0.3, label="±2σ")
+        ax.plot(ahead, m, color="C3", lw=1.2, zorder=3, label="forecast mean")
         for split_at in (series.train_end, series.val_end):
             ax.axvline(split_at, color="grey", ls="--", lw=0.8)
         ax.set_title(series.names[s], fontsize=9)
