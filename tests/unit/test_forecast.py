@@ -183,3 +183,19 @@ def test_a_torch_model_refuses_a_series_with_missing_targets_in_one_line():
     complete = series_split("whole", ["a"], [str(t) for t in range(60)], values,
                             lookback=5, horizon=1)
     create_learner(ModelConfig(model="torch-mlp"), LearnerConfig(), complete, seed=0)
+
+
+@pytest.mark.slow
+def test_the_registry_s_tagi_lstm_forecasts_the_whole_test_part():
+    """The README's forecasting command, shorter: `tagi-lstm` with its defaults on windows of
+    96 days, 48 predicted at once, forecasts all 232 test days better than seasonal naive."""
+    defaults = model_defaults("tagi-lstm")
+    split = load_dataset("sine", lookback=96, horizon=48)
+    learner = _fit(split, "tagi-lstm", epochs=10, batch=defaults["batch_size"],
+                   hidden=defaults["hidden"], sigma_v=defaults["sigma_v"])
+    metrics = forecast_metrics(forecast_test(learner.predict_moments, split.series),
+                               split.series)
+    baseline = _seasonal_naive_log_likelihood(split.series, period=365)
+    assert metrics["log_likelihood"] > baseline + 0.1, (metrics, baseline)
+    assert 0.85 <= metrics["coverage_2sigma"] <= 1.0, metrics
+    assert metrics["mase"] < 1.0, metrics
