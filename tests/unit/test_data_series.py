@@ -36,6 +36,11 @@ def test_windows_belong_to_the_part_of_their_targets_and_never_look_ahead(tmp_pa
     series = split.series
     assert (series.train_end, series.val_end) == (28, 32)  # 70 % and 80 % of 40 steps
     assert split.input_shape == (4,) and split.output_dim == 2
+    # the parts hold the (S, T) series once, not their L-fold overlapping windows
+    assert split.train.inputs.data_ptr() == split.test.inputs.data_ptr()
+    assert split.train.inputs.shape == (2, 40)
+    x, y = split.train[torch.tensor([0, 5])]
+    assert x.shape == (2, 4) and y.shape == (2, 2) and split.train[3][0].shape == (4,)
     for part, low, high in ((split.train, 4, 28), (split.validation, 28, 32),
                             (split.test, 32, 40)):
         starts = part.start

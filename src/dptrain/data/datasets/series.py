@@ -62,14 +62,47 @@ class SeriesData:
 
 
 class WindowDataset(ArrayDataset):
-    """Windows `x` (N, lookback) and targets `y` (N, horizon), standardised per series, with
-    the series each came from (`series`, (N,) int64) and its first target's time index
-    (`start`, (N,) int64), so a model or a plot can tell them apart."""
+    """The windows of some series, gathered when a batch asks for them: sample i is the
+    `lookback` inputs before time step `start[i]` of series `series[i]` and the `horizon`
+    targets from it on, standardised. Only the (S, T) series are held, once for every part,
+    not the windows, whose inputs overlap L-fold.
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, series: torch.Tensor,
-                 start: torch.Tensor) -> None:
-        super().__init__(x, y)
+    `x` (N, lookback) and `y` (N, horizon), every window at once, are computed on demand for
+    code that wants them; `series` and `start` ((N,) int64 each) tell the windows apart.
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, series: torch.Tensor,
+                 start: torch.Tensor, lookback: int, horizon: int) -> None:
+        # no ArrayDataset.__init__: there is no x or y to store
+        self.inputs, self.targets = inputs, targets  # (S, T) float32 each
         self.series, self.start = series, start
+        self.x_offsets = torch.arange(-lookback, 0)
+        self.y_offsets = torch.arange(horizon)
+
+    @property
+    def x(self) -> torch.Tensor:  # type: ignore[override]
+        return self[torch.arange(len(self))][0]
+
+    @property
+    def y(self) -> torch.Tensor:  # type: ignore[override]
+        return self[torch.arange(len(self))][1]
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return (len(self.x_offsets),)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, idx):
+        series, start = self.series[idx], self.start[idx]  # () or (B,)
+        rows = series[..., None]
+        return (self.inputs[rows, start[..., None] + self.x_offsets],
+                self.targets[rows, start[..., None] + self.y_offsets])
+
+    def __repr__(self) -> str:
+        return (f"WindowDataset({len(self)} windows of {len(self.x_offsets)} -> "
+                f"{len(self.y_offsets)} from {self.inputs.shape[0]} series)")
 
 
 def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
@@ -107,15 +140,15 @@ def series_split(name: str, names: list[str], times: list[str], values: np.ndarr
     raw = torch.from_numpy(values.astype(np.float64))
     norm = _fit_per_series(where, names, raw[:, :train_end])
     series = SeriesData(names, times, raw, train_end, val_end, norm, lookback, horizon)
-    parts = [_windows(series, low, high) for low, high in
+    inputs, targets = series.inputs().float(), series.normalised.float()
+    parts = [_windows(series, inputs, targets, low, high) for low, high in
              ((lookback, train_end), (train_end, val_end), (val_end, num_steps))]
     one = len(names) == 1  # then the per-series map is one affine map of every window
     scalar = Normalisation(norm.mean.reshape(()).float(), norm.std.reshape(()).float()) \
         if one else None
-    split = Split(name=name, task="regression", num_classes=None, train=parts[0],
-                  test=parts[2], x_norm=scalar, y_norm=scalar, series=series,
-                  validation=parts[1])
-    return split
+    return Split(name=name, task="regression", num_classes=None, train=parts[0],
+                 test=parts[2], x_norm=scalar, y_norm=scalar, series=series,
+                 validation=parts[1])
 
 
 def _check_sizes(where: str, lookback: int, horizon: int, train_fraction: float,
@@ -158,20 +191,18 @@ def forward_fill(values: torch.Tensor) -> torch.Tensor:
     return torch.where(last >= 0, filled, 0.0)
 
 
-def _windows(series: SeriesData, low: int, high: int) -> WindowDataset:
+def _windows(series: SeriesData, inputs: torch.Tensor, targets: torch.Tensor, low: int,
+             high: int) -> WindowDataset:
     """Every window whose targets lie in time steps [low, high), of every series; windows
     with no observed target are left out (they teach nothing)."""
     lookback, horizon = series.lookback, series.horizon
-    inputs, targets = series.inputs(), series.normalised
     starts = torch.arange(max(low, lookback), high - horizon + 1)
-    x_idx = starts[:, None] + torch.arange(-lookback, 0)  # (W, L)
-    y_idx = starts[:, None] + torch.arange(horizon)       # (W, H)
-    x = inputs[:, x_idx].reshape(-1, lookback)            # (S·W, L)
-    y = targets[:, y_idx].reshape(-1, horizon)             # (S·W, H)
-    ids = torch.arange(inputs.shape[0]).repeat_interleave(len(starts))
-    start = starts.repeat(inputs.shape[0])
-    keep = torch.isfinite(y).any(1)
-    return WindowDataset(x[keep].float(), y[keep].float(), ids[keep], start[keep])
+    num_series = inputs.shape[0]
+    ids = torch.arange(num_series).repeat_interleave(len(starts))
+    start = starts.repeat(num_series)
+    observed = torch.isfinite(targets[ids[:, None], start[:, None] + torch.arange(horizon)])
+    keep = observed.any(1)
+    return WindowDataset(inputs, targets, ids[keep], start[keep], lookback, horizon)
 
 
 # ------------------------------------------------------------------------------- reading
