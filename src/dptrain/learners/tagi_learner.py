@@ -286,8 +286,8 @@ class TagiLearner:
     def report(self, out_dir: Path | None, split: Split) -> dict[str, Any]:
         """The calibration bins (classification), a time series' forecast metrics
         (`forecast_*`: dptrain.learners.forecast); rank 0 draws reliability.png, forecast.png,
-        and for 1-D regression predictions.png: the predictive mean with its epistemic ±2σ band inside the
-        total one (with the observation noise), in the data's own units."""
+        and for 1-D regression predictions.png: the predictive mean with its epistemic ±2σ
+        band inside the total one (with the observation noise), in the data's own units."""
         summary = calibration.report(out_dir, self.calibration)
         if split.series is not None:
             summary.update(forecast_report(self.predict_moments, split.series, out_dir))
