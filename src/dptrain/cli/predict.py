@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def predict_command(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, which=args.checkpoint)
     series = run.load_data().series
-    if series is not None and args.data is None and args.part == "test":
+    # a torch model gives no variance to feed back: its windows are predicted one by one
+    if series is not None and run.kind == "tagi" and args.data is None and args.part == "test":
         return forecast_command(run, series, args.out)
     split = run.load_data(args.data)
     prediction = run.predict_split(split, args.part)
