@@ -23,6 +23,7 @@ import csv
 import io
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -115,15 +116,17 @@ def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
         ConfigError: lookback, horizon or fractions out of range.
     """
     names, times, values = read_series_csv(path)
-    return series_split(path, names, times, values, lookback=lookback, horizon=horizon,
-                        train_fraction=train_fraction, val_fraction=val_fraction)
+    return series_split(Path(path).stem, names, times, values, lookback=lookback,
+                        horizon=horizon, train_fraction=train_fraction,
+                        val_fraction=val_fraction, dataset=str(path))
 
 
 def series_split(name: str, names: list[str], times: list[str], values: np.ndarray, *,
                  lookback: int, horizon: int, train_fraction: float = 0.7,
                  val_fraction: float = 0.1, dataset: str | None = None) -> Split:
     """The train/test windows of raw `values` (S, T) (NaN: missing), with their `SeriesData`
-    on `split.series` and the validation windows on `split.validation`."""
+    on `split.series` and the validation windows on `split.validation`; errors name `dataset`
+    (default: `name`)."""
     where = dataset or name
     _check_sizes(where, lookback, horizon, train_fraction, val_fraction)
     num_steps = values.shape[1]
