@@ -58,6 +58,8 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
                                      "forecast_mase", "forecast_nd", "forecast_p90_loss",
                                      "forecast_rmse"]
     assert all(done[k] == again[k] and math.isfinite(done[k]) for k in forecast_keys)
+    assert (tmp_path / "killed" / "epochs.csv").read_text() == \
+        (tmp_path / "clean" / "epochs.csv").read_text()
     for key in ("test_rmse", "test_log_likelihood", "test_coverage_2sigma"):
         assert math.isfinite(done[key]), key
     assert (tmp_path / "clean" / "forecast.png").stat().st_size > 5000
