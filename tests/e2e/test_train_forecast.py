@@ -51,6 +51,7 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
                              "--max-restarts", "1"), timeout_s=240)
     assert killed.returncode == 0, killed.output
     assert "resumed from" in killed.stdout and "step-00000020" in killed.stdout
+    assert "; forecast of the test part: rmse " in clean.stdout, clean.stdout[-600:]
     done, again = _summary(tmp_path / "clean"), _summary(tmp_path / "killed")
     assert done["world_size"] == 2 and done["params_sha256"] == again["params_sha256"]
     forecast_keys = [k for k in done if k.startswith("forecast_")]
