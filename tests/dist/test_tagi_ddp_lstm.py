@@ -36,11 +36,12 @@ def _train_step(net, x, y) -> None:
     net.step()
 
 
-def _sum_mode(rank: int, world_size: int) -> dict:
-    config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
+def _sum_mode(config: DDPConfig, rank: int) -> dict:
     out = {}
-    for sizes in ([4, 4], [3, 6], [0, 5]):  # even, uneven, a rank without a sample
-        ddp = DDPSequential(_net(seed=rank), config)  # rank 1 starts elsewhere: broadcast
+    # even, uneven, a rank without a sample; and uneven with the overlapped all-reduce
+    for sizes, overlap in (([4, 4], False), ([3, 6], False), ([0, 5], False), ([3, 6], True)):
+        # rank 1 starts elsewhere: the broadcast makes it rank 0's
+        ddp = DDPSequential(_net(seed=rank), config, overlap=overlap)
         reference = _net(seed=0)
         worst = 0.0
         for step in range(3):
@@ -52,26 +53,13 @@ def _sum_mode(rank: int, world_size: int) -> dict:
         ddp.check_replicas()
         ddp.eval()
         x, _ = _windows(99, 5)
-        out[str(sizes)] = dict(worst=worst, fingerprint=ddp.params_fingerprint(),
-                               eval_gap=(ddp(x)[0] - reference.eval()(x)[0]).abs().max().item())
+        gap = (ddp(x)[0] - reference.eval()(x)[0]).abs().max().item()
+        out[f"{sizes} overlap={overlap}"] = dict(worst=worst, eval_gap=gap,
+                                                 fingerprint=ddp.params_fingerprint())
     return out
 
 
-def test_sum_mode_with_lstms_equals_one_process_on_the_global_batch():
-    """Contract 1 for windows of 3 steps (nothing carried): 2 ranks in sum mode == 1 process on
-    the global batch (even and uneven shards, a rank without a sample), nested LSTM included;
-    contract 2: bit-identical replicas."""
-    results = run_world(_sum_mode, world_size=2, timeout_s=120)
-    for r in results:
-        for sizes, got in r.items():
-            assert got["worst"] < 1e-12, (sizes, got["worst"])
-            assert got["eval_gap"] < 1e-12, (sizes, got["eval_gap"])
-    for sizes in results[0]:
-        assert results[0][sizes]["fingerprint"] == results[1][sizes]["fingerprint"]
-
-
-def _carried(rank: int, world_size: int) -> dict:
-    config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
+def _carried(config: DDPConfig, rank: int) -> dict:
     ddp = DDPSequential(_net(seed=0, seq_len=1), config)
     for step in range(3):  # one sample of each rank's own series per step
         x, y = _windows(step, 2, seq_len=1)
@@ -83,11 +71,37 @@ def _carried(rank: int, world_size: int) -> dict:
                 fingerprint=ddp.params_fingerprint())
 
 
-def test_carried_states_are_each_ranks_own():
+def _both(rank: int, world_size: int) -> tuple[dict, dict]:
+    """Both checks in one world: starting a world costs more than either check."""
+    config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
+    return _sum_mode(config, rank), _carried(config, rank)
+
+
+@pytest.fixture(scope="module")
+def world() -> list[tuple[dict, dict]]:
+    return run_world(_both, world_size=2, timeout_s=120)
+
+
+def test_sum_mode_with_lstms_equals_one_process_on_the_global_batch(world):
+    """Contract 1 for windows of 3 steps (nothing carried): 2 ranks in sum mode == 1 process on
+    the global batch (even and uneven shards, a rank without a sample, overlapped all-reduce),
+    nested LSTM included; contract 2: bit-identical replicas."""
+    results = [sum_mode for sum_mode, _ in world]
+    for r in results:
+        for sizes, got in r.items():
+            assert got["worst"] < 1e-12, (sizes, got["worst"])
+            assert got["eval_gap"] < 1e-12, (sizes, got["eval_gap"])
+    assert results[0]["[3, 6] overlap=True"]["fingerprint"] == \
+        results[0]["[3, 6] overlap=False"]["fingerprint"], "overlap changes nothing"
+    for sizes in results[0]:
+        assert results[0][sizes]["fingerprint"] == results[1][sizes]["fingerprint"]
+
+
+def test_carried_states_are_each_ranks_own(world):
     """Batch 1, seq_len 1 on each rank: each rank's LSTM carries the states of its own shard
     (they differ between ranks), while the parameters stay bit-identical; reset_lstm_states()
     reaches the model through the wrapper."""
-    results = run_world(_carried, world_size=2, timeout_s=120)
+    results = [carried for _, carried in world]
     assert results[0]["carried"] != results[1]["carried"]
     assert results[0]["fingerprint"] == results[1]["fingerprint"]
     assert all(r["after_reset"] is None for r in results)

@@ -120,6 +120,22 @@ def test_online_states_carry_from_call_to_call_and_reset():
     assert not layer.carries_states and not bool(layer.mu_h_prev.any())
     torch.testing.assert_close(layer.forward(HiddenStates(xs[0], None)).mu_a, outs[0],
                                rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"four arrays of B·3 values each.*\[3, 3, 3, 2\]"):
+        layer.set_lstm_states(*[torch.zeros(3)] * 3, torch.zeros(2))
+
+
+def test_to_another_dtype_drops_the_carried_states():
+    """`Sequential.to()` rebuilds the storage and drops the carried states, so the next
+    forward starts from zero in the new dtype (as after reset_lstm_states())."""
+    manual_seed(25)
+    net = Sequential(LSTM(2, 3, 1), Linear(3, 1), dtype=F64)
+    x = torch.randn(1, 2, generator=gen(26), dtype=F64)
+    first = net(x)[0]
+    net(x)
+    net.to(torch.float32)
+    again = net(x)[0]
+    assert again.dtype == torch.float32 and net.layers[0].mu_h_prior.dtype == torch.float32
+    torch.testing.assert_close(again.double(), first, rtol=1e-6, atol=1e-7)
 
 
 def test_network_reset_reaches_nested_lstms():
@@ -290,3 +306,16 @@ def test_init_follows_pytagi():
     assert abs(layer.mu_w.std().item() - 0.25) < 0.03
     xavier = LSTM(6, 10, 2, init_method="Xavier", dtype=F64)
     assert torch.allclose(xavier.var_w, torch.full_like(xavier.var_w, 2.0 / 26))
+
+
+def test_package_docstring_sequence_example_runs():
+    """The sequence example in dptrain.tagi's docstring is kept runnable."""
+    import textwrap
+
+    import dptrain.tagi
+
+    example = dptrain.tagi.__doc__.split("::")[3].split("\n(as in pytagi")[0]
+    namespace: dict = {name: getattr(dptrain.tagi, name) for name in dptrain.tagi.__all__}
+    namespace["torch"] = torch
+    exec(textwrap.dedent(example), namespace)  # noqa: S102
+    assert namespace["mu"].shape == (16, 1) and namespace["var"].shape == (16, 1)

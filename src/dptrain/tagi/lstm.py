@@ -51,10 +51,14 @@ class LSTM(ParamLayer):
         mu_ga, var_ga, jcb_ga: (B, T, 4, O) gate moments after their activation and the
             activation's Jacobian, gates in `GATES` order; `mu_f_ga`, `var_i_ga`, `jcb_o_ga`, …
             are views of one gate.
-        cov_i_c, cov_o_tanh_c: (B, T, O) Cov(i, c̃) and Cov(o, tanh c).
+        cov_i_c, cov_o_tanh_c: (B, T, O) Cov(i, c̃) and Cov(o, tanh c) (None when v_X = 0:
+            a deterministic input and no carried variance make both 0).
         mu_c, var_c: (B, T, O) cell state; mu_ca, var_ca, jcb_ca: its tanh and J.
         mu_h_prev, var_h_prev, mu_c_prev, var_c_prev: (B, T, O) the previous states used.
         mu_h, var_h: (B, T, O) the output hidden states (also returned).
+    `forward` runs `_previous_states`, `_gates`, `_cell_state`, `_hidden_state` in that order,
+    each reading and writing these attributes, so a subclass (a smoothing LSTM) can add to any
+    step; `backward` uses `_gate_coefficients` (∂h/∂ each gate's pre-activation).
 
     Parameters: `mu_w, var_w` (4·O, I + O), `mu_b, var_b` (4·O,), pytagi's init: m ~ N(0, s²),
     v = (gain·s)², s = sqrt(1/(I + O)) for "He" (pytagi's default), sqrt(2/(I + 2·O)) for
@@ -100,6 +104,8 @@ class LSTM(ParamLayer):
         self.mu_h = self.var_h = None
         self._jcb_in: torch.Tensor | None = None  # J of the input states, None = 1
         self._mu_ha_sq: torch.Tensor | None = None
+        self._cov_sums = self._mu_ca_sq = None
+        self._mu_g = self._var_g = self._jcb_g = self._sq_g = self._second_g = ()
         self._in_shape: tuple[int, ...] = ()
         self._trained = False
         self._weight_cache: dict[str, object] | None = None
@@ -121,12 +127,15 @@ class LSTM(ParamLayer):
                         var_c: torch.Tensor) -> None:
         """Start the next forward from these states (pytagi's `set_LSTM_states`): each holds
         B·T·O values for a batch of B windows; a forward with another batch size resets them."""
-        shape = (-1, self.seq_len, self.output_size)
+        step = self.seq_len * self.output_size
         values = [torch.as_tensor(x, dtype=self.mu_w.dtype, device=self.mu_w.device)
-                  .reshape(shape).clone() for x in (mu_h, var_h, mu_c, var_c)]
-        if len({v.shape for v in values}) != 1:
-            raise ValueError(f"{self.label}: set_lstm_states needs four arrays of the same "
-                             f"size, got {[tuple(v.shape) for v in values]}")
+                  for x in (mu_h, var_h, mu_c, var_c)]
+        sizes = [v.numel() for v in values]
+        if len(set(sizes)) != 1 or sizes[0] == 0 or sizes[0] % step:
+            raise ValueError(f"{self.label}: set_lstm_states needs four arrays of B·{step} "
+                             f"values each (B windows of seq_len x output_size), got sizes "
+                             f"{sizes}")
+        values = [v.reshape(-1, self.seq_len, self.output_size).clone() for v in values]
         self.mu_h_prior, self.var_h_prior, self.mu_c_prior, self.var_c_prior = values
         self._batch_size = values[0].shape[0]
         self._prev_zero = False
@@ -190,10 +199,10 @@ class LSTM(ParamLayer):
         """The input as (B, T, I) mean, variance (or None) and J (or None)."""
         mu = states.mu_a
         t, i = self.seq_len, self.input_size
+        if mu.dim() == 3 and tuple(mu.shape[1:]) == (t, i):
+            return mu, states.var_a, states.jcb
         if mu.dim() == 2 and mu.shape[1] == t * i:
             shape = (mu.shape[0], t, i)
-        elif mu.dim() == 3 and tuple(mu.shape[1:]) == (t, i):
-            shape = tuple(mu.shape)
         else:
             raise ValueError(f"{self.label}: expected input of shape (batch, {t}, {i}) or "
                              f"(batch, {t * i}), got {tuple(mu.shape)}")
@@ -202,75 +211,89 @@ class LSTM(ParamLayer):
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         mu_x, var_x, jcb = self._sequence(states)  # (B, T, I)
-        batch, t, o = mu_x.shape[0], self.seq_len, self.output_size
-        self._previous_states(batch, mu_x)
-        prev_zero = self._prev_zero
-        mu_ha = torch.cat((mu_x, self.mu_h_prev), dim=2)  # (B, T, H)
-        mu_ha_sq = mu_ha * mu_ha
-        var_ha = None
-        if var_x is not None or not prev_zero:
-            var_in = var_x if var_x is not None else torch.zeros_like(mu_x)
-            var_ha = torch.cat((var_in, self.var_h_prev), dim=2)
-        # All four gates of all T steps in one product per moment: (B·T, 4·O).
-        rows, width = batch * t, self.input_size + o
-        mu_z = F.linear(mu_ha, self.mu_w, self.mu_b).view(batch, t, 4, o)
-        var_z = F.linear(mu_ha_sq, self.var_w, self.var_b)
-        if var_ha is not None:
-            var_z.view(rows, 4 * o).addmm_(var_ha.view(rows, width), self._weights("total").t())
-        mu_ga, var_ga, jcb_ga = _gate_moments(mu_z, var_z.view(batch, t, 4, o))
-        sq_ga = mu_ga * mu_ga  # m² of every gate
-        second_ga = sq_ga + var_ga  # E[g²] = m² + v
-        mu_f, mu_i, mu_cg, mu_o = mu_ga.unbind(2)  # (B, T, O) each
-        var_f, var_i, var_cg, var_o = var_ga.unbind(2)
-        jcb_f, jcb_i, jcb_cg, jcb_o = jcb_ga.unbind(2)
-        mu_c_prev, var_c_prev = self.mu_c_prev, self.var_c_prev
-        # c = f·c_prev + i·c̃, f and c_prev independent, Cov(i, c̃) kept:
-        # v_c = v_c̃ E[i²] + v_i m_c̃² + Cov·(Cov + 2 m_i m_c̃) (+ the f·c_prev terms).
-        prod_ic = mu_i * mu_cg
-        var_c = var_cg * second_ga[:, :, 1]
-        var_c.addcmul_(var_i, sq_ga[:, :, 2])
-        if var_ha is not None:
-            sums = F.linear(var_ha, self._weights("cov")).view(batch, t, 4, o)
-            cov_i_c = jcb_i * jcb_cg * sums[:, :, 0]
-            mu_c = prod_ic + cov_i_c
-            var_c.addcmul_(cov_i_c, mu_c + prod_ic)
-        else:
-            sums, cov_i_c, mu_c = None, torch.zeros_like(prod_ic), prod_ic
-        if not prev_zero:
-            mu_c = torch.addcmul(mu_c, mu_f, mu_c_prev)
-            var_c.addcmul_(var_c_prev, second_ga[:, :, 0]).addcmul_(var_f,
-                                                                   mu_c_prev * mu_c_prev)
-        mu_ca = torch.tanh(mu_c)
-        jcb_ca = 1 - mu_ca * mu_ca
-        var_ca = jcb_ca * jcb_ca * var_c
-        # h = o·tanh(c), Cov(o, tanh c) through the gates o shares inputs with.
-        prod_h = mu_o * mu_ca
-        var_h = var_ca * second_ga[:, :, 3]
-        var_h.addcmul_(var_o, mu_ca * mu_ca)
-        if sums is not None:
-            paths = jcb_i * mu_cg * sums[:, :, 2]
-            paths.addcmul_(jcb_cg * mu_i, sums[:, :, 3])
-            if not prev_zero:
-                paths.addcmul_(jcb_f * mu_c_prev, sums[:, :, 1])
-            cov_o_tanh_c = paths.mul_(jcb_o).mul_(jcb_ca)
-            mu_h = prod_h + cov_o_tanh_c
-            var_h.addcmul_(cov_o_tanh_c, mu_h + prod_h)
-        else:
-            cov_o_tanh_c, mu_h = torch.zeros_like(prod_h), prod_h
-        self.mu_ha, self.var_ha, self._mu_ha_sq = mu_ha, var_ha, mu_ha_sq  # m_X² for backward
-        self.mu_ga, self.var_ga, self.jcb_ga = mu_ga, var_ga, jcb_ga
-        self.cov_i_c, self.cov_o_tanh_c = cov_i_c, cov_o_tanh_c
-        self.mu_c, self.var_c, self.mu_ca, self.var_ca, self.jcb_ca = \
-            mu_c, var_c, mu_ca, var_ca, jcb_ca
-        self.mu_h, self.var_h = mu_h, var_h
+        self._previous_states(mu_x.shape[0], mu_x)
+        self._gates(mu_x, var_x)
+        self._cell_state()
+        mu_h, var_h = self._hidden_state()
         if self.carries_states:  # the next forward starts from this step's states
             self.mu_h_prior, self.var_h_prior = mu_h, var_h
-            self.mu_c_prior, self.var_c_prior = mu_c, var_c
+            self.mu_c_prior, self.var_c_prior = self.mu_c, self.var_c
             self._prev_zero = False
         self._trained = self.training
         if self.training:
             self._jcb_in, self._in_shape = jcb, tuple(states.mu_a.shape)
         return HiddenStates(mu_h, var_h, None)
+
+    def _gates(self, mu_x: torch.Tensor, var_x: torch.Tensor | None) -> None:
+        """X = [x_t, h_prev_t] and the four gates' moments (`mu_ha` … `jcb_ga`), plus the
+        weighted sums of v_X behind the two covariances (`_cov_sums`, None when v_X = 0)."""
+        batch, t, o = mu_x.shape[0], self.seq_len, self.output_size
+        rows, width = batch * t, self.input_size + o
+        mu_ha = torch.cat((mu_x, self.mu_h_prev), dim=2)  # (B, T, H)
+        mu_ha_sq = mu_ha * mu_ha
+        var_ha = None
+        if var_x is not None or not self._prev_zero:
+            var_in = var_x if var_x is not None else torch.zeros_like(mu_x)
+            var_ha = torch.cat((var_in, self.var_h_prev), dim=2)
+        # All four gates of all T steps in one product per moment: (B·T, 4·O).
+        mu_z = F.linear(mu_ha, self.mu_w, self.mu_b).view(batch, t, 4, o)
+        var_z = F.linear(mu_ha_sq, self.var_w, self.var_b)
+        self._cov_sums = None
+        if var_ha is not None:
+            var_z.view(rows, 4 * o).addmm_(var_ha.view(rows, width), self._weights("total").t())
+            self._cov_sums = F.linear(var_ha, self._weights("cov")).view(batch, t, 4, o)
+        self.mu_ha, self.var_ha, self._mu_ha_sq = mu_ha, var_ha, mu_ha_sq  # m_X² for backward
+        self.mu_ga, self.var_ga, self.jcb_ga = _gate_moments(mu_z, var_z.view(batch, t, 4, o))
+        sq_ga = self.mu_ga * self.mu_ga  # m² of every gate
+        # Per-gate (B, T, O) views, split once: (f, i, c̃, o) each.
+        self._mu_g, self._var_g, self._jcb_g = (x.unbind(2) for x in (self.mu_ga, self.var_ga,
+                                                                        self.jcb_ga))
+        self._sq_g, self._second_g = sq_ga.unbind(2), (sq_ga + self.var_ga).unbind(2)  # E[g²]
+
+    def _cell_state(self) -> None:
+        """c = f·c_prev + i·c̃ with f and c_prev independent and Cov(i, c̃) kept (`cov_i_c`,
+        `mu_c`, `var_c`), then tanh(c) linearised (`mu_ca`, `var_ca`, `jcb_ca`)."""
+        mu_f, mu_i, mu_cg, _ = self._mu_g
+        var_f, var_i, var_cg, _ = self._var_g
+        prod_ic = mu_i * mu_cg
+        # v_c = v_c̃ E[i²] + v_i m_c̃² + Cov·(Cov + 2 m_i m_c̃) (+ the f·c_prev terms)
+        var_c = var_cg * self._second_g[1]
+        var_c.addcmul_(var_i, self._sq_g[2])
+        cov_i_c, mu_c = None, prod_ic
+        if self._cov_sums is not None:
+            cov_i_c = self._jcb_g[1] * self._jcb_g[2] * self._cov_sums[:, :, 0]
+            mu_c = prod_ic + cov_i_c
+            var_c.addcmul_(cov_i_c, mu_c + prod_ic)
+        if not self._prev_zero:
+            mu_c_prev = self.mu_c_prev
+            mu_c = torch.addcmul(mu_c, mu_f, mu_c_prev)
+            var_c.addcmul_(self.var_c_prev, self._second_g[0])
+            var_c.addcmul_(var_f, mu_c_prev * mu_c_prev)
+        self.cov_i_c, self.mu_c, self.var_c = cov_i_c, mu_c, var_c
+        self.mu_ca = torch.tanh(mu_c)
+        self._mu_ca_sq = self.mu_ca * self.mu_ca
+        self.jcb_ca = 1 - self._mu_ca_sq
+        self.var_ca = self.jcb_ca * self.jcb_ca * var_c
+
+    def _hidden_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """h = o·tanh(c) with Cov(o, tanh c) kept, through the gates that share inputs with o
+        (`cov_o_tanh_c`, `mu_h`, `var_h`)."""
+        _, mu_i, mu_cg, mu_o = self._mu_g
+        jcb_f, jcb_i, jcb_cg, jcb_o = self._jcb_g
+        prod_h = mu_o * self.mu_ca
+        var_h = self.var_ca * self._second_g[3]
+        var_h.addcmul_(self._var_g[3], self._mu_ca_sq)
+        cov_o_tanh_c, mu_h, sums = None, prod_h, self._cov_sums
+        if sums is not None:
+            paths = jcb_i * mu_cg * sums[:, :, 2]
+            paths.addcmul_(jcb_cg * mu_i, sums[:, :, 3])
+            if not self._prev_zero:
+                paths.addcmul_(jcb_f * self.mu_c_prev, sums[:, :, 1])
+            cov_o_tanh_c = paths.mul_(jcb_o).mul_(self.jcb_ca)
+            mu_h = prod_h + cov_o_tanh_c
+            var_h.addcmul_(cov_o_tanh_c, mu_h + prod_h)
+        self.cov_o_tanh_c, self.mu_h, self.var_h = cov_o_tanh_c, mu_h, var_h
+        return mu_h, var_h
 
     # ------------------------------------------------------------------ backward
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
@@ -280,17 +303,12 @@ class LSTM(ParamLayer):
         if not self._trained or self.mu_ga is None:
             raise RuntimeError(f"{self.label}: backward() needs a forward in training mode first")
         shape = self.mu_h.shape
-        delta_mu = delta.delta_mu.reshape(shape)  # (B, T, O)
-        delta_var = delta.delta_var.reshape(shape)
+        delta_mu, delta_var = delta.delta_mu, delta.delta_var  # (B, T, O)
+        if delta_mu.shape != shape:  # from a Linear head: (B, T·O)
+            delta_mu, delta_var = delta_mu.reshape(shape), delta_var.reshape(shape)
         batch, t, o = shape
         rows, width = batch * t, self.input_size + o
-        mu_f, mu_i, mu_c_ga, mu_o = self.mu_ga.unbind(2)
-        # ∂h/∂(gate g's pre-activation), per unit: the chain through tanh(c) (f, i, c̃) or
-        # straight (o), with the means of the other factors.
-        through_cell = self.jcb_ca * mu_o
-        coef = self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
-                                          through_cell * mu_c_ga, through_cell * mu_i,
-                                          self.mu_ca), dim=2)  # (B, T, 4, O)
+        coef = self._gate_coefficients()
         coef_mu = (coef * delta_mu.unsqueeze(2)).view(rows, 4 * o)
         coef_var = (coef * coef).mul_(delta_var.unsqueeze(2)).view(rows, 4 * o)
         # Linear's rule with δ replaced by a_g δ: one product for all four gates, (4·O, H).
@@ -300,32 +318,44 @@ class LSTM(ParamLayer):
             torch.sum(coef_mu, 0, out=self.delta_mu_b)
             torch.sum(coef_var, 0, out=self.delta_var_b)
         if self.carries_states:
-            self._update_carried(delta_mu, delta_var, mu_o)
+            self._update_carried(delta_mu, delta_var)
         if not need_input_delta:
             return None
+        return self._input_innovations(coef, coef_mu, delta_var)
+
+    def _gate_coefficients(self) -> torch.Tensor:
+        """a_g = ∂h/∂(gate g's pre-activation) per sample, step and unit, (B, T, 4, O): through
+        tanh(c) for f, i, c̃, straight for o, with the other factors at their means."""
+        _, mu_i, mu_cg, mu_o = self._mu_g
+        through_cell = self.jcb_ca * mu_o
+        return self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
+                                          through_cell * mu_cg, through_cell * mu_i,
+                                          self.mu_ca), dim=2)
+
+    def _input_innovations(self, coef: torch.Tensor, coef_mu: torch.Tensor,
+                           delta_var: torch.Tensor) -> DeltaStates:
+        """δ of the step inputs x (not of h_prev), in the shape the input came in."""
+        batch, t, o = delta_var.shape
         i = self.input_size
-        delta_mu_in = torch.mm(coef_mu, self.mu_w[:, :i])  # (B·T, I)
+        delta_mu_in = torch.mm(coef_mu, self.mu_w[:, :i]).view(batch, t, i)
         # δv_x = Σ_j δv_j (Σ_g a_g,j w_g,jx)²: the square of a sum over gates, so each gate
         # pair (g, g') contributes a_g a_g' δv against w_g w_g' (one product, 16·O wide).
-        pairs_w = self._weights("pairs")
         pair_coef = (coef.unsqueeze(3) * coef.unsqueeze(2)) * delta_var[:, :, None, None, :]
-        delta_var_in = torch.mm(pair_coef.reshape(rows, 16 * o), pairs_w)
-        delta_mu_in = delta_mu_in.view(batch, t, i)
-        delta_var_in = delta_var_in.view(batch, t, i)
+        delta_var_in = torch.mm(pair_coef.reshape(batch * t, 16 * o),
+                                self._weights("pairs")).view(batch, t, i)
         if self._jcb_in is not None:
             delta_mu_in = delta_mu_in * self._jcb_in
             delta_var_in = delta_var_in * self._jcb_in * self._jcb_in
         return DeltaStates(delta_mu_in.reshape(self._in_shape),
                            delta_var_in.reshape(self._in_shape))
 
-    def _update_carried(self, delta_mu: torch.Tensor, delta_var: torch.Tensor,
-                        mu_o: torch.Tensor) -> None:
+    def _update_carried(self, delta_mu: torch.Tensor, delta_var: torch.Tensor) -> None:
         """Posterior of the carried h and c given the innovations of h (pytagi's rule):
         Cov(h, h) = v_h; Cov(c, h) ≈ v_c · J_tanh(c) · m_o."""
         var_h = self.var_h_prior
         self.mu_h_prior = self.mu_h_prior + delta_mu * var_h
         self.var_h_prior = (1 + delta_var * var_h) * var_h
-        gain = self.var_c_prior * self.jcb_ca * mu_o
+        gain = self.var_c_prior * self.jcb_ca * self._mu_g[3]
         self.mu_c_prior = self.mu_c_prior + gain * delta_mu
         self.var_c_prior = self.var_c_prior + gain * delta_var * gain
 
@@ -364,6 +394,11 @@ def _gate_view(kind: str, index: int) -> property:
     return property(get, doc=f"(B, T, O) {kind} of gate {GATES[index]} (a view of {kind}_ga)")
 
 
-for _index, _gate in enumerate(GATES):
-    for _kind in ("mu", "var", "jcb"):
-        setattr(LSTM, f"{_kind}_{_gate}_ga", _gate_view(_kind, _index))
+def _add_gate_views() -> None:
+    """LSTM.mu_f_ga, var_f_ga, jcb_f_ga, … mu_o_ga: pytagi's per-gate names, as views."""
+    for index, gate in enumerate(GATES):
+        for kind in ("mu", "var", "jcb"):
+            setattr(LSTM, f"{kind}_{gate}_ga", _gate_view(kind, index))
+
+
+_add_gate_views()
