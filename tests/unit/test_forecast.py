@@ -4,6 +4,7 @@ pytagi's toy sine better than the seasonal-naive forecast (issue 20)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import timedelta
 
@@ -90,6 +91,29 @@ def test_recursion_feeds_predicted_means_and_variances_back_as_inputs():
     assert seen_inputs[1][1][0].tolist() == [0.0, 1.0, 2.0]
     assert var[0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and len(seen_inputs) == 3
     torch.testing.assert_close(mean[0], start[2] + torch.arange(1.0, 6.0))
+
+
+def test_the_series_id_goes_with_every_step_known_and_never_fed_back():
+    """With ids, each step's input is the window then the series' id with variance 0; only
+    the predicted values are fed back."""
+    values = np.stack([np.arange(40.0) ** 1.5, 50 - np.arange(40.0)])
+    series = dataclasses.replace(_series(values, lookback=3, horizon=2), with_ids=True)
+    seen_inputs = []
+
+    def next_two(mu_x, var_x):
+        seen_inputs.append((mu_x.clone(), var_x.clone()))
+        return mu_x[:, -2:-1].repeat(1, 2) + 1, var_x[:, -2:-1].repeat(1, 2) + 1
+
+    mean, var = recursive_forecast(next_two, series, start=32, steps=5)
+    assert len(seen_inputs) == 3 and mean.shape == var.shape == (2, 5)
+    for mu_x, var_x in seen_inputs:
+        assert mu_x.shape == (2, 4) and mu_x[:, 3].tolist() == [0.0, 1.0]
+        assert var_x[:, 3].tolist() == [0.0, 0.0]
+    plain = series.normalised[:, 29:32].float()
+    torch.testing.assert_close(seen_inputs[0][0][:, :3], plain)
+    torch.testing.assert_close(seen_inputs[1][0][:, :3], torch.cat([plain[:, 2:], mean[:, :2]],
+                                                                    1))
+    assert seen_inputs[1][1][0, :3].tolist() == [0.0, 1.0, 1.0]
 
 
 def test_a_tagi_network_widens_its_forecast_for_uncertain_inputs():
