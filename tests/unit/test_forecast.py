@@ -17,7 +17,7 @@ from dptrain.data.datasets.series import series_split
 from dptrain.dist import Runtime
 from dptrain.errors import ConfigError
 from dptrain.dist.env import SINGLE
-from dptrain.learners.build import create_learner, model_defaults
+from dptrain.learners.build import create_learner, create_model, model_defaults, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import (
     Forecast,
@@ -114,6 +114,28 @@ def test_the_series_id_goes_with_every_step_known_and_never_fed_back():
     torch.testing.assert_close(seen_inputs[1][0][:, :3], torch.cat([plain[:, 2:], mean[:, :2]],
                                                                     1))
     assert seen_inputs[1][1][0, :3].tolist() == [0.0, 1.0, 1.0]
+
+
+def test_a_series_embedding_is_refused_where_it_cannot_apply():
+    """One line each: another model than tagi-lstm, a negative width, a single series, data
+    that is not a time series, and a split whose windows carry no id."""
+    with pytest.raises(ConfigError, match="series-embedding is for the tagi-lstm model, not "
+                                          "tagi-mlp"):
+        ModelConfig(model="tagi-mlp", series_embedding=2)
+    with pytest.raises(ConfigError, match="series-embedding"):
+        ModelConfig(model="tagi-lstm", series_embedding=-1)
+    config = ModelConfig(model="tagi-lstm", series_embedding=2)
+    with pytest.raises(ConfigError, match="one series"):
+        model_split(config, load_dataset("sine", lookback=4))
+    with pytest.raises(ConfigError, match="series ids are for time series"):
+        model_split(config, load_dataset("diabetes"))
+    seasonal = load_dataset("seasonal", lookback=4)
+    with pytest.raises(ConfigError, match="dataset seasonal: --series-embedding needs windows "
+                                          "that carry their series id"):
+        create_model(config, seasonal, seed=0)
+    model, _ = create_model(config, model_split(config, seasonal), seed=0)
+    assert model.state_dict()["0.1.0.mu_w"].shape == (4, 2)
+    assert model_split(ModelConfig(model="tagi-lstm"), seasonal) is seasonal
 
 
 def test_a_tagi_network_widens_its_forecast_for_uncertain_inputs():
