@@ -27,9 +27,10 @@ from dptrain.learners.forecast import (
 )
 
 
-def _learner(split, model="tagi-mlp", seed=0, hidden=32, **learner):
-    built = create_learner(ModelConfig(model=model, hidden=hidden), LearnerConfig(**learner),
-                           split, seed=seed)
+def _learner(split, model="tagi-mlp", seed=0, hidden=32, series_embedding=0, **learner):
+    built = create_learner(ModelConfig(model=model, hidden=hidden,
+                                       series_embedding=series_embedding),
+                           LearnerConfig(**learner), split, seed=seed)
     built.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
     return built
 
@@ -245,3 +246,25 @@ def test_the_registry_s_tagi_lstm_forecasts_the_whole_test_part():
     assert metrics["log_likelihood"] > baseline + 0.1, (metrics, baseline)
     assert 0.85 <= metrics["coverage_2sigma"] <= 1.0, metrics
     assert metrics["mase"] < 1.0, metrics
+
+
+@pytest.mark.slow
+def test_an_embedded_series_id_forecasts_the_seasonal_series_better():
+    """Learning (issue 20): on the four `seasonal` series (own amplitudes, phases and
+    harmonics), tagi-lstm with --series-embedding 4 forecasts the whole test part better
+    than without, for two seeds: a higher log-likelihood, a lower MASE and ND. Measured:
+    log-likelihood up by 0.21 and 0.22, MASE down by 0.08 and 0.11 (to 0.96 and 0.90)."""
+    split = load_dataset("seasonal", lookback=24, horizon=12)
+    for seed in range(2):
+        metrics = {}
+        for width in (0, 4):
+            config = ModelConfig(model="tagi-lstm", hidden=8, series_embedding=width)
+            model_data = model_split(config, split)
+            learner = _fit(model_data, "tagi-lstm", epochs=2, batch=16, seed=seed, hidden=8,
+                           series_embedding=width, sigma_v=0.3)
+            metrics[width] = forecast_metrics(forecast_test(learner.predict_moments,
+                                                            model_data.series), split.series)
+        plain, embedded = metrics[0], metrics[4]
+        assert embedded["log_likelihood"] > plain["log_likelihood"] + 0.05, (seed, metrics)
+        assert embedded["mase"] < plain["mase"] - 0.02, (seed, metrics)
+        assert embedded["nd"] < plain["nd"], (seed, metrics)
