@@ -160,13 +160,32 @@ def test_parallel_joins_the_branches_jacobians_and_variances():
     torch.testing.assert_close(out.mu_a[:, 3:], block.branches[1].layers[0].mu_w[[2, 0]])
 
 
-def test_parallel_state_dict_paths_and_errors():
-    """Branch k's layer j is "<i>.<k>.<j>"; a wrong input width, a missing size and one branch
-    are one-line errors."""
-    manual_seed(0)
-    net = Sequential(Parallel(LayerBlock(Linear(2, 3), ReLU()), Embedding(3, 2),
-                              input_sizes=[2, 1]), Linear(5, 1))
+def _id_net(seed: int) -> Sequential:
+    manual_seed(seed)
+    return Sequential(Parallel(LayerBlock(Linear(2, 3), ReLU()), Embedding(3, 2),
+                               input_sizes=[2, 1]), Linear(5, 1))
+
+
+def test_parallel_saves_loads_and_moves_with_its_network(tmp_path):
+    """Branch k's layer j is "<i>.<k>.<j>"; save/load gives another network the same
+    predictions, and a cast to float64 keeps every branch in the flat buffers."""
+    net, other = _id_net(0), _id_net(1)
     assert {"0.0.0.mu_w", "0.0.0.var_b", "0.1.0.mu_w", "1.mu_w"} <= set(net.state_dict())
+    x = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.3, 0.0]])
+    assert not torch.equal(net(x)[0], other(x)[0])
+    net.save(tmp_path / "net.bin")
+    other.load(tmp_path / "net.bin")
+    assert torch.equal(net(x)[0], other(x)[0])
+    other.to(torch.float64)
+    regression_step(other, x, torch.ones(2, 1), 0.1)
+    assert other.flat_params.dtype == torch.float64
+    assert not torch.equal(other.state_dict()["0.1.0.mu_w"].float(),
+                           net.state_dict()["0.1.0.mu_w"])  # the embedding row was stepped
+
+
+def test_parallel_errors_are_one_line():
+    """A wrong input width, a missing size and one branch."""
+    net = _id_net(0)
     with pytest.raises(ValueError, match=r"layer 0 \(Parallel.*expected input of shape "
                                          r"\(batch, 3\).*got \(4, 4\)"):
         net(torch.zeros(4, 4))
