@@ -57,11 +57,11 @@ def recursive_forecast(predict: PredictMoments, series: SeriesData, start: int, 
     ids = torch.arange(len(context), dtype=context.dtype)[:, None]  # (S, 1)
     means, variances = [], []
     for _ in range(math.ceil(steps / horizon)):
-        if series.with_ids:
+        if series.with_ids:  # known exactly: variance 0, and never fed back
             mean, var = predict(torch.cat([context, ids], 1),
                                 torch.cat([context_var, torch.zeros_like(ids)], 1))
         else:
-            mean, var = predict(context, context_var)  # (S, H) each
+            mean, var = predict(context, context_var)
         mean, var = mean.float().cpu(), var.float().cpu()
         means.append(mean)
         variances.append(var)
