@@ -167,7 +167,8 @@ class Parallel(Layer):
                 not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes):
             raise ValueError(f"Parallel: input_sizes must give a positive int per branch "
                              f"({len(branches)}), got {input_sizes!r}")
-        self.branches = [_as_block(branch, f"branch {k}", "Parallel") for k, branch in enumerate(branches)]
+        self.branches = [_as_block(branch, f"branch {k}", "Parallel")
+                         for k, branch in enumerate(branches)]
         if len({id(branch) for branch in self.branches}) != len(self.branches):
             raise ValueError("Parallel: the branches must be different objects")
         self.input_sizes = sizes
