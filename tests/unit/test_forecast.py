@@ -1,6 +1,8 @@
 """Forecasts of a series' test part: the metrics against their formulas, the recursion feeding
-predicted variances back, missing observations skipped by TAGI, and a TAGI model that learns
-pytagi's toy sine better than the seasonal-naive forecast (issue 20)."""
+predicted variances back (and the series id beside them, never fed back), missing observations
+skipped by TAGI, a TAGI model that learns pytagi's toy sine better than the seasonal-naive
+forecast, and a global model whose embedded series id forecasts several series better than
+without (issue 20)."""
 
 from __future__ import annotations
 
