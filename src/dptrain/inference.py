@@ -28,7 +28,7 @@ from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import fetch_batch
 from dptrain.errors import CheckpointError, ConfigError
-from dptrain.learners.build import create_model
+from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import Forecast, forecast_test
 from dptrain.learners.user_model import is_model_file, model_file_sha256
@@ -235,7 +235,7 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
                               f"replicated ones")
     seed = record.get("seed", 0)
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
-    split = load_split(data_config, seed=seed)
+    split = model_split(model_config, load_split(data_config, seed=seed))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":

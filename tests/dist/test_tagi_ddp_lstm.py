@@ -1,6 +1,8 @@
 """DDPSequential with LSTM layers on 2 real gloo ranks (docs/design.md contracts 1, 2;
 docs/tagi.md, LSTM): sum mode equals one process on the global batch of windows, replicas are
-bit-identical, and the states an LSTM carries (batch 1, seq_len 1) stay each rank's own."""
+bit-identical, and the states an LSTM carries (batch 1, seq_len 1) stay each rank's own. The
+same for a global forecasting network: a Parallel block routing each window to LSTM layers and
+its series id to an Embedding."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pytest
 import torch
 
 from dptrain.dist import DDPConfig
-from dptrain.tagi import LSTM, LayerBlock, Linear, OutputUpdater, Sequential, manual_seed
+from dptrain.tagi import (LSTM, Embedding, LayerBlock, Linear, OutputUpdater, Parallel,
+                          Sequential, manual_seed)
 from dptrain.tagi.ddp import DDPSequential
 from tests._world import run_world
 
@@ -23,10 +26,25 @@ def _net(seed: int, seq_len: int = 3) -> Sequential:
                       Linear(4 * seq_len, 1), dtype=F64)
 
 
+def _embedding_net(seed: int, seq_len: int = 3) -> Sequential:
+    """Windows of `seq_len` steps of 2 values through the LSTMs, the series id (last column)
+    through an Embedding(3, 2), both into the head."""
+    manual_seed(seed)
+    lstms = LayerBlock(LSTM(2, 4, seq_len), LSTM(4, 4, seq_len))
+    return Sequential(Parallel(lstms, Embedding(3, 2), input_sizes=(2 * seq_len, 1)),
+                      Linear(4 * seq_len + 2, 1), dtype=F64)
+
+
 def _windows(step: int, batch: int, seq_len: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(300 + step)
     return (torch.randn(batch, seq_len, 2, generator=g, dtype=F64),
             torch.randn(batch, 1, generator=g, dtype=F64))
+
+
+def _windows_with_ids(step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = _windows(step, batch)
+    ids = torch.arange(batch, dtype=F64)[:, None] % 3
+    return torch.cat([x.flatten(1), ids], 1), y
 
 
 def _train_step(net, x, y) -> None:
@@ -38,23 +56,27 @@ def _train_step(net, x, y) -> None:
 
 def _sum_mode(config: DDPConfig, rank: int) -> dict:
     out = {}
-    # even, uneven, a rank without a sample; and uneven with the overlapped all-reduce
-    for sizes, overlap in (([4, 4], False), ([3, 6], False), ([0, 5], False), ([3, 6], True)):
+    # even, uneven, a rank without a sample; and uneven with the overlapped all-reduce; the
+    # embedding network uneven and with a rank without a sample
+    for sizes, overlap, embed in (([4, 4], False, False), ([3, 6], False, False),
+                                  ([0, 5], False, False), ([3, 6], True, False),
+                                  ([3, 6], False, True), ([0, 5], True, True)):
+        net, windows = (_embedding_net, _windows_with_ids) if embed else (_net, _windows)
         # rank 1 starts elsewhere: the broadcast makes it rank 0's
-        ddp = DDPSequential(_net(seed=rank), config, overlap=overlap)
-        reference = _net(seed=0)
+        ddp = DDPSequential(net(seed=rank), config, overlap=overlap)
+        reference = net(seed=0)
         worst = 0.0
         for step in range(3):
-            x, y = _windows(step, sum(sizes))
+            x, y = windows(step, sum(sizes))
             start = sum(sizes[:rank])
             _train_step(ddp, x[start:start + sizes[rank]], y[start:start + sizes[rank]])
             _train_step(reference, x, y)
             worst = max(worst, (ddp.model.flat_params - reference.flat_params).abs().max().item())
         ddp.check_replicas()
         ddp.eval()
-        x, _ = _windows(99, 5)
+        x, _ = windows(99, 5)
         gap = (ddp(x)[0] - reference.eval()(x)[0]).abs().max().item()
-        out[f"{sizes} overlap={overlap}"] = dict(worst=worst, eval_gap=gap,
+        out[f"{sizes} overlap={overlap} embedding={embed}"] = dict(worst=worst, eval_gap=gap,
                                                  fingerprint=ddp.params_fingerprint())
     return out
 
@@ -85,14 +107,16 @@ def world() -> list[tuple[dict, dict]]:
 def test_sum_mode_with_lstms_equals_one_process_on_the_global_batch(world):
     """Contract 1 for windows of 3 steps (nothing carried): 2 ranks in sum mode == 1 process on
     the global batch (even and uneven shards, a rank without a sample, overlapped all-reduce),
-    nested LSTM included; contract 2: bit-identical replicas."""
+    nested LSTM included, and with the LSTMs and an Embedding side by side in a Parallel block;
+    contract 2: bit-identical replicas."""
     results = [sum_mode for sum_mode, _ in world]
     for r in results:
         for sizes, got in r.items():
             assert got["worst"] < 1e-12, (sizes, got["worst"])
             assert got["eval_gap"] < 1e-12, (sizes, got["eval_gap"])
-    assert results[0]["[3, 6] overlap=True"]["fingerprint"] == \
-        results[0]["[3, 6] overlap=False"]["fingerprint"], "overlap changes nothing"
+    assert results[0]["[3, 6] overlap=True embedding=False"]["fingerprint"] == \
+        results[0]["[3, 6] overlap=False embedding=False"]["fingerprint"], \
+        "overlap changes nothing"
     for sizes in results[0]:
         assert results[0][sizes]["fingerprint"] == results[1][sizes]["fingerprint"]
 

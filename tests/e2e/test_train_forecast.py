@@ -1,7 +1,7 @@
-"""`dptrain train` on a time-series CSV end to end: two processes, a rank killed mid-epoch and
-the job resumed to the same parameters and the same forecast, forecast.png and the forecast
-metrics in summary.json, and `dptrain predict` writing the forecast with its variances
-(issue 20; docs/design.md, contract 3)."""
+"""`dptrain train` on a time-series CSV end to end: a global model with an embedding of the
+series id on two processes, a rank killed mid-epoch and the job resumed to the same parameters
+and the same forecast, forecast.png and the forecast metrics in summary.json, and `dptrain
+predict` writing the forecast with its variances (issue 20; docs/design.md, contract 3)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dptrain
 from tests._cli import dptrain_cmd, run
 
 pytestmark = pytest.mark.e2e
@@ -41,10 +42,11 @@ def _summary(out: Path) -> dict:
 
 def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(tmp_path):
     data = _long_csv(tmp_path / "regions.csv")
-    # the registry's LSTM with its defaults (batch 16: 19 steps an epoch)
+    # the registry's LSTM with its defaults (batch 16: 19 steps an epoch), the series id
+    # embedded in 3 dimensions
     common = ["train", "--model", "tagi-lstm", "--dataset", f"series:{data}", "--lookback",
               "12", "--horizon", "2", "--epochs", "2", "--checkpoint-every", "10",
-              "--no-progress"]
+              "--series-embedding", "3", "--no-progress"]
     clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
     assert clean.returncode == 0, clean.output
     killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:25",
@@ -64,6 +66,9 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
     for key in ("test_rmse", "test_log_likelihood", "test_coverage_2sigma"):
         assert math.isfinite(done[key]), key
     assert (tmp_path / "clean" / "forecast.png").stat().st_size > 5000
+    trained = dptrain.load_run(tmp_path / "clean").model.state_dict()
+    assert trained["0.1.0.mu_w"].shape == (len(SERIES), 3)  # one row per series id
+    assert trained["1.mu_w"].shape == (2, 8 * 12 + 3)  # the head reads LSTMs and embedding
 
     out = tmp_path / "forecast.csv"
     predicted = run(dptrain_cmd("predict", str(tmp_path / "clean"), "--checkpoint", "last",

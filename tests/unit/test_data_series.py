@@ -12,7 +12,7 @@ import torch
 
 from dptrain.data import load_dataset
 from dptrain.data.config import DataConfig, load_split
-from dptrain.data.datasets.series import forward_fill
+from dptrain.data.datasets.series import forward_fill, with_series_ids
 from dptrain.errors import ConfigError, DataError
 
 
@@ -139,3 +139,27 @@ def test_built_in_series_have_pytagi_s_sine_shape_and_several_seasonal_series():
     # each series standardised by its own training part, whatever its level
     assert torch.allclose(seasonal.series.normalised[:, :seasonal.series.train_end]
                           .mean(1), torch.zeros(4, dtype=torch.float64), atol=1e-9)
+
+
+def test_with_series_ids_appends_each_window_s_series_id_to_its_inputs(tmp_path):
+    """The id follows the window's values as a float, in every part, one sample or a batch;
+    the values and targets are those of the split without ids. One series, or data that is
+    not a time series, is refused in one line."""
+    split = load_dataset(f"series:{_wide(tmp_path / 's.csv', _two_series(40))}", lookback=4,
+                         horizon=2)
+    with_ids = with_series_ids(split)
+    assert with_ids.input_shape == (5,) and with_ids.series.with_ids
+    assert not split.series.with_ids and split.input_shape == (4,)
+    for plain, part in ((split.train, with_ids.train), (split.validation, with_ids.validation),
+                        (split.test, with_ids.test)):
+        torch.testing.assert_close(part.x[:, :4], plain.x)
+        torch.testing.assert_close(part.y, plain.y)
+        assert torch.equal(part.x[:, 4], plain.series.float())
+        assert set(part.x[:, 4].tolist()) == {0.0, 1.0}
+    last = len(with_ids.train) - 1
+    assert with_ids.train[last][0].tolist()[-1] == 1.0 and with_ids.train[0][0][-1] == 0.0
+    assert with_series_ids(with_ids) is with_ids
+    with pytest.raises(ConfigError, match=r"sine: one series \('sine'\); a series id tells"):
+        with_series_ids(load_dataset("sine", lookback=4))
+    with pytest.raises(ConfigError, match="diabetes: series ids are for time series"):
+        with_series_ids(load_dataset("diabetes"))

@@ -17,6 +17,7 @@ through here, so a run built by hand trains exactly as `dptrain train` would.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -24,9 +25,10 @@ import torch
 from torch import nn
 
 from dptrain.data import Split
+from dptrain.data.datasets.series import with_series_ids
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import Kind, build_model
+from dptrain.learners.models import Kind, ModelOptions, build_model
 from dptrain.learners.models import MODELS, check_input, get_model, num_outputs
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.torch_config import OptimizerFactory
@@ -42,6 +44,12 @@ def model_defaults(name: str) -> dict[str, Any]:
     """The training options a built-in model was tuned with (batch size, σ_v, gain, ...), to
     use where the user set none; {} for any other name (a model file)."""
     return dict(MODELS[name].defaults) if name in MODELS else {}
+
+
+def model_split(config: ModelConfig, split: Split) -> Split:
+    """The split as the model reads it: for a series embedding, windows followed by their
+    series' id (`with_series_ids`); else `split` itself."""
+    return with_series_ids(split) if config.series_embedding else split
 
 
 def create_model(config: ModelConfig, split: Split, *, seed: int,
@@ -77,9 +85,21 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
         manual_seed(seed)
         width = num_outputs(kind, split.task, split.num_classes, num_targets)
         model = build_model(config.model, split.input_shape, width,
-                            config.builder_options())
+                            _sized_options(config, split, dataset))
     _check_kind_options(config, kind)
     return model, kind
+
+
+def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
+    """The builder's options, with the number of series of an embedded series id."""
+    options = config.builder_options()
+    if not config.series_embedding:
+        return options
+    if split.series is None or not split.series.with_ids:
+        raise ConfigError(f"dataset {dataset}: --series-embedding needs windows that carry "
+                          f"their series id (a time series split through model_split or "
+                          f"with_series_ids)")
+    return dataclasses.replace(options, num_series=len(split.series.names))
 
 
 def _check_kind_options(config: ModelConfig, kind: Kind) -> None:

@@ -8,7 +8,9 @@
 A forecast starts from the last `lookback` values observed before the test part and runs to
 its end recursively: each step predicts the next `horizon` values (mean and variance, the
 observation noise included) and feeds them back as inputs, the variances as input variances,
-so the uncertainty of what was predicted carries into what is predicted from it.
+so the uncertainty of what was predicted carries into what is predicted from it. A model that
+takes series ids (`SeriesData.with_ids`) gets each series' id after its values at every step,
+with variance 0: the id is known, never predicted, never fed back.
 Definitions of the metrics: docs/forecasting.md.
 """
 
@@ -25,8 +27,9 @@ from dptrain.data.datasets.series import SeriesData, forward_fill
 from dptrain.learners.plots import pyplot
 
 PredictMoments = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""(input means, input variances), each (B, lookback) in standardised units -> (mean,
-predictive variance of the observations), each (B, horizon)."""
+"""(input means, input variances), each (B, lookback) in standardised units (lookback + 1
+with the series id last, for a model that takes it) -> (mean, predictive variance of the
+observations), each (B, horizon)."""
 
 Z_90 = 1.2815515655446004
 """The standard normal's 0.9 quantile."""
@@ -51,9 +54,14 @@ def recursive_forecast(predict: PredictMoments, series: SeriesData, start: int, 
     lookback, horizon = series.lookback, series.horizon
     context = forward_fill(series.normalised[:, :start])[:, -lookback:].float()  # (S, L)
     context_var = torch.zeros_like(context)
+    ids = torch.arange(len(context), dtype=context.dtype)[:, None]  # (S, 1)
     means, variances = [], []
     for _ in range(math.ceil(steps / horizon)):
-        mean, var = predict(context, context_var)  # (S, H) each
+        if series.with_ids:  # known exactly: variance 0, and never fed back
+            mean, var = predict(torch.cat([context, ids], 1),
+                                torch.cat([context_var, torch.zeros_like(ids)], 1))
+        else:
+            mean, var = predict(context, context_var)
         mean, var = mean.float().cpu(), var.float().cpu()
         means.append(mean)
         variances.append(var)

@@ -65,7 +65,7 @@ from __future__ import annotations
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
-from dptrain.tagi.blocks import LayerBlock, ResNetBlock
+from dptrain.tagi.blocks import LayerBlock, Parallel, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
 from dptrain.tagi.embedding import Embedding
 from dptrain.tagi.hrc_softmax import HRCSoftmax
@@ -102,6 +102,7 @@ __all__ = [
     "MixtureSigmoid",
     "MixtureTanh",
     "OutputUpdater",
+    "Parallel",
     "ParamLayer",
     "ReLU",
     "Remax",

@@ -15,12 +15,16 @@ the `horizon` values that follow as targets; it belongs to the part its targets 
 inputs may reach back into the part before: they are observed past). Missing targets stay
 NaN (TAGI leaves them out of the update); missing inputs are filled with the last value
 observed before them, or with the training mean (0 once standardised) before the first one.
+
+`with_series_ids(split)` appends each window's series id (0, 1, ... in the order of
+`SeriesData.names`) to its inputs as a last column, for a global model that embeds it.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +45,8 @@ class SeriesData:
     """The series of a split as a whole, for forecasts and plots: raw values (S, T) with NaN
     where missing, on one time axis `times` (T labels), split at `train_end` and `val_end`
     (time indices: train [0, train_end), validation [train_end, val_end), test [val_end, T)).
-    `norm.mean` and `norm.std` are (S, 1): series s is standardised by its training part."""
+    `norm.mean` and `norm.std` are (S, 1): series s is standardised by its training part.
+    `with_ids`: a model's input is a window followed by its series' id (`with_series_ids`)."""
 
     names: list[str]
     times: list[str]
@@ -51,6 +56,7 @@ class SeriesData:
     norm: Normalisation
     lookback: int
     horizon: int
+    with_ids: bool = False
 
     @property
     def normalised(self) -> torch.Tensor:
@@ -69,16 +75,24 @@ class WindowDataset(ArrayDataset):
     not the windows, whose inputs overlap L-fold.
 
     `x` (N, lookback) and `y` (N, horizon), every window at once, are computed on demand for
-    code that wants them; `series` and `start` ((N,) int64 each) tell the windows apart.
+    code that wants them; `series` and `start` ((N,) int64 each) tell the windows apart. With
+    `with_ids` a window's input ends with its series id as a float: x is (N, lookback + 1).
     """
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, series: torch.Tensor,
-                 start: torch.Tensor, lookback: int, horizon: int) -> None:
+                 start: torch.Tensor, lookback: int, horizon: int, with_ids: bool = False
+                 ) -> None:
         # no ArrayDataset.__init__: there is no x or y to store
         self.inputs, self.targets = inputs, targets  # (S, T) float32 each
         self.series, self.start = series, start
         self.x_offsets = torch.arange(-lookback, 0)
         self.y_offsets = torch.arange(horizon)
+        self.with_ids = with_ids
+
+    def with_series_ids(self) -> WindowDataset:
+        """The same windows, each input followed by its series id."""
+        return WindowDataset(self.inputs, self.targets, self.series, self.start,
+                             len(self.x_offsets), len(self.y_offsets), with_ids=True)
 
     @property
     def x(self) -> torch.Tensor:  # type: ignore[override]
@@ -90,7 +104,7 @@ class WindowDataset(ArrayDataset):
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        return (len(self.x_offsets),)
+        return (len(self.x_offsets) + self.with_ids,)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -98,12 +112,38 @@ class WindowDataset(ArrayDataset):
     def __getitem__(self, idx):
         series, start = self.series[idx], self.start[idx]  # () or (B,)
         rows = series[..., None]
-        return (self.inputs[rows, start[..., None] + self.x_offsets],
-                self.targets[rows, start[..., None] + self.y_offsets])
+        x = self.inputs[rows, start[..., None] + self.x_offsets]
+        if self.with_ids:
+            x = torch.cat([x, rows.to(x.dtype)], -1)
+        return x, self.targets[rows, start[..., None] + self.y_offsets]
 
     def __repr__(self) -> str:
-        return (f"WindowDataset({len(self)} windows of {len(self.x_offsets)} -> "
+        ids = " and series ids" if self.with_ids else ""
+        return (f"WindowDataset({len(self)} windows of {len(self.x_offsets)}{ids} -> "
                 f"{len(self.y_offsets)} from {self.inputs.shape[0]} series)")
+
+
+def with_series_ids(split: Split) -> Split:
+    """A time series split whose windows carry their series' id after their values (x is
+    (lookback + 1,)), as its forecasts do: the input of a global model that embeds the id.
+
+    Raises:
+        ConfigError: the split is not a time series, or holds a single series (its id would
+            tell the model nothing).
+    """
+    series = split.series
+    if not isinstance(series, SeriesData):
+        raise ConfigError(f"{split.name}: series ids are for time series (sine, seasonal, "
+                          f"series:PATH.csv), and this dataset is not one")
+    if len(series.names) < 2:
+        raise ConfigError(f"{split.name}: one series ({series.names[0]!r}); a series id "
+                          f"tells a model something only when there are several")
+    if series.with_ids:
+        return split
+    parts = {name: getattr(split, name).with_series_ids()
+             for name in ("train", "test", "validation")}
+    return dataclasses.replace(split, **parts,
+                               series=dataclasses.replace(series, with_ids=True))
 
 
 def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
