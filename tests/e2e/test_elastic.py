@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from dptrain.cli.main import main
-from dptrain.inference import load_run
 from tests._cli import PYTHON, REPO
 from tests._netns import Host, two_hosts  # noqa: F401 - fixture
+from tests._runs import max_relative_difference
 from tests.e2e.test_multinode import node_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -137,14 +137,6 @@ def _world_sizes_of_the_checkpoints(out: Path) -> list[tuple[int, int]]:
     return found
 
 
-def _max_relative_difference(run_dir: Path, reference: Path) -> float:
-    ours = load_run(run_dir, which="last").model.state_dict()
-    theirs = load_run(reference, which="last").model.state_dict()
-    assert ours.keys() == theirs.keys()
-    return max(((ours[k].double() - theirs[k].double()).abs().max()
-                / theirs[k].double().abs().max()).item() for k in theirs)
-
-
 def test_a_lost_node_leaves_the_others_going_and_a_node_that_comes_back_joins(
         two_hosts, tmp_path):  # noqa: F811
     a, b = two_hosts.hosts
@@ -212,7 +204,7 @@ def test_a_lost_node_leaves_the_others_going_and_a_node_that_comes_back_joins(
         _world_sizes_of_the_checkpoints(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["final_epoch"] == EPOCHS
-    gap = _max_relative_difference(out, tmp_path / "clean")
+    gap = max_relative_difference(out, tmp_path / "clean")
     print(f"elastic 2 -> 1 -> 2 -> 1 nodes: max relative difference {gap:.3g}")
     assert gap <= 1e-5
 

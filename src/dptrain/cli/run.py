@@ -200,6 +200,12 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
     if conf:
         extra.append(f"--rdzv-conf={','.join(f'{k}={v}' for k, v in conf.items())}")
     argv = [*extra, *argv]
+    if conf.get("is_host") == "0" and "--rdzv-backend=c10d" in argv:
+        status = _wait_for_the_rendezvous(command, rdzv_endpoint or "",
+                                          int(conf.get("read_timeout", STORE_TIMEOUT_S)),
+                                          end_record)
+        if status is not None:
+            return status
     try:
         with _our_agent(command, end_record):
             run(get_args_parser().parse_args(argv))
@@ -229,6 +235,33 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
               f"stopped too", file=sys.stderr)
         return 128 + signum
     return 0
+
+
+STORE_TIMEOUT_S = 60
+"""torch's default read_timeout of the c10d rendezvous store, its wait for the store's host."""
+
+
+def _wait_for_the_rendezvous(command: str, rdzv_endpoint: str, timeout_s: int,
+                             end_record: Path | None) -> int | None:
+    """A node that does not serve the dynamic rendezvous first waits, here, for the node that
+    does: torch's C++ store client would print a stack trace at every retry. It stops waiting
+    when the job's end record appears instead (the job ended before this node came). None when
+    the endpoint answers; else the exit status, its one line printed."""
+    from dptrain.cli import job_end
+    from dptrain.dist.netif import wait_for_listener
+
+    host, _, port = rdzv_endpoint.rpartition(":")
+    try:
+        if wait_for_listener(host.strip("[]"), int(port), timeout_s, give_up=lambda: (
+                end_record is not None and job_end.read(end_record) is not None)):
+            return None
+    except TimeoutError as err:
+        print(f"dptrain {command}: {err} within {timeout_s} s: is the node it names up? It "
+              f"serves the rendezvous", file=sys.stderr)
+        return 1
+    ended = job_end.read(end_record)
+    print(f"dptrain {command}: {ended.line(end_record)}", file=sys.stderr)
+    return 0 if ended.succeeded else 1
 
 
 def _rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
