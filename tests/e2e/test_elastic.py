@@ -116,13 +116,15 @@ class Job:
         found = (re.fullmatch(r"step-(\d+)", p.name) for p in self.out.glob("checkpoints/*"))
         return sorted(int(m[1]) for m in found if m)
 
-    def train_until_checkpoint_after(self, step: int) -> int:
-        """Let training run until a checkpoint after `step` is published, then hold it."""
+    def train_until_a_new_checkpoint(self) -> None:
+        """Let the workers that run now train until they publish a checkpoint newer than any
+        there is (so they resumed and trained), then hold them. Called while they are held:
+        the attempts before them are over, their writes published or dead."""
+        newest = max(self.steps(), default=0)
         self.gate.unlink(missing_ok=True)
-        self.wait_for(f"a checkpoint after step {step}",
-                      lambda: self.steps() and self.steps()[-1] > step)
+        self.wait_for(f"a checkpoint after step {newest}",
+                      lambda: max(self.steps(), default=0) > newest)
         self.gate.touch()
-        return self.steps()[-1]
 
     def started_at(self, world_size: int) -> int:
         """How many attempts (on any node) started the job's workers on `world_size`."""
@@ -161,17 +163,20 @@ def test_a_lost_node_leaves_the_others_going_and_a_node_that_comes_back_joins(
     try:
         node_a, node_b = job.start(a), job.start(b)
         job.wait_for("the workers on 2 nodes", lambda: job.started_at(2) == 1)
-        held = job.train_until_checkpoint_after(0)
+        job.train_until_a_new_checkpoint()
 
         node_b.kill()  # mid-epoch: b's worker waits for its sample, a's too
         alone = job.started_at(1)
-        gate.unlink()
+        gate.unlink()  # a's worker goes on to the step's all-reduce and finds b gone
+        job.wait_for("a's agent to restart its worker",
+                     lambda: "restarting every worker (2 restart(s) left)" in node_a.output())
+        gate.touch()
         job.wait_for("a alone", lambda: job.started_at(1) > alone)
-        held = job.train_until_checkpoint_after(held)
+        job.train_until_a_new_checkpoint()
 
         node_b = job.start(b)  # comes back: joins at once, restarting a's workers
         job.wait_for("the workers on 2 nodes again", lambda: job.started_at(2) == 2)
-        held = job.train_until_checkpoint_after(held)
+        job.train_until_a_new_checkpoint()
 
         node_b.kill()
         gate.unlink()
