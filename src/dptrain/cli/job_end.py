@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,3 +64,13 @@ def read(path: Path) -> JobEnd | None:
                       str(record["at"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def report(command: str, path: Path | None) -> int | None:
+    """If the job at `path` has ended: print its line for `dptrain COMMAND` and return the exit
+    status of a node that came too late (0: the job succeeded, 1: it failed). Else None."""
+    ended = read(path) if path is not None else None
+    if ended is None:
+        return None
+    print(f"dptrain {command}: {ended.line(path)}", file=sys.stderr)
+    return 0 if ended.succeeded else 1

@@ -259,32 +259,30 @@ def _wait_for_the_rendezvous(command: str, rdzv_endpoint: str, timeout_s: int,
         print(f"dptrain {command}: {err} within {timeout_s} s: is the node it names up? It "
               f"serves the rendezvous", file=sys.stderr)
         return 1
-    ended = job_end.read(end_record)
-    print(f"dptrain {command}: {ended.line(end_record)}", file=sys.stderr)
-    return 0 if ended.succeeded else 1
+    return job_end.report(command, end_record)
 
 
 def _rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
                        end_record: Path | None) -> int:
     """One line for a rendezvous that closed or failed under this node (torch's own is a
     traceback): the job's end record when there is one (the job ended: 0 if it succeeded),
-    else what torch said. Nothing was started, so nothing is left to stop."""
+    else what torch said. torch's agent has stopped any workers it had started."""
     from torch.distributed.elastic.rendezvous import RendezvousClosedError
 
     from dptrain.cli import job_end
 
-    ended = job_end.read(end_record) if end_record else None
-    if ended is not None:
-        print(f"dptrain {command}: {ended.line(end_record)}", file=sys.stderr)
-        return 0 if ended.succeeded else 1
+    status = job_end.report(command, end_record)
+    if status is not None:
+        return status
     if isinstance(err, RendezvousClosedError):
         print(f"dptrain {command}: the rendezvous at {rdzv_endpoint} is closed: its job has "
               f"ended; nothing to join", file=sys.stderr)
         return 1
-    cause = err.__cause__ or err
+    cause = err.__cause__  # torch wraps the store's own error, which says more
+    because = f" ({type(cause).__name__}: {str(cause).splitlines()[0]})" \
+        if cause is not None and str(cause) else ""
     print(f"dptrain {command}: the rendezvous at {rdzv_endpoint} failed: "
-          f"{type(err).__name__}: {err} ({type(cause).__name__}: "
-          f"{str(cause).splitlines()[0] if str(cause) else ''})", file=sys.stderr)
+          f"{type(err).__name__}: {err}{because}", file=sys.stderr)
     return 1
 
 

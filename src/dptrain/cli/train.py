@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import tomllib
 from dataclasses import MISSING, Field, fields, replace
@@ -182,10 +181,9 @@ def train_command(args: argparse.Namespace) -> int:
         use_threads(this_process_share(1, launcher_side=True).threads)
     end_record = job_end.record_path(options.out, options.rdzv_id) \
         if options.nodes.elastic and env.launcher == "single" else None
-    ended = job_end.read(end_record) if end_record else None
+    ended = job_end.report("train", end_record)
     if ended is not None:  # a node that comes after its elastic job ended: nothing to join
-        print(f"dptrain train: {ended.line(end_record)}", file=sys.stderr)
-        return 0 if ended.succeeded else 1
+        return ended
     if env.launcher == "single" and not one_process:
         # A bad dataset, model file or model/dataset pair is one line here, before any worker
         # starts (the workers check it again, for launchers that start them directly).
