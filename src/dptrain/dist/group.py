@@ -6,7 +6,7 @@ import atexit
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -156,8 +156,25 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
     return Runtime(env, chosen, device, timeout)
 
 
+#: Called (last registered first) just before the group is destroyed: see release_before_shutdown.
+_RELEASE_BEFORE_SHUTDOWN: list[Callable[[], None]] = []
+
+
+def release_before_shutdown(release: Callable[[], None]) -> None:
+    """Have `release` run when the group is shut down, before it is destroyed.
+
+    For objects that hold the group from C++ (a DistributedDataParallel reducer): freed after
+    the group, at interpreter teardown, they make torch 2.13 abort a finished job now and then
+    ("terminate called without an active exception"). A script's `with distributed():` ends
+    before that teardown while its learner is still alive, so atexit alone comes too late.
+    """
+    _RELEASE_BEFORE_SHUTDOWN.append(release)
+
+
 def shutdown_distributed() -> None:
     """Destroy the default process group if one is running; safe to call twice."""
+    while _RELEASE_BEFORE_SHUTDOWN:
+        _RELEASE_BEFORE_SHUTDOWN.pop()()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

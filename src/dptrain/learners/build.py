@@ -98,7 +98,21 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
     model, kind = create_model(model_config, split, seed=seed, dataset=dataset)
     if kind == "tagi":
         return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
+    _refuse_missing_targets(split, model_config.model, dataset or split.name)
     return torch_learner(model, learner_config, split.task, model_config.precision)
+
+
+def _refuse_missing_targets(split: Split, model: str, dataset: str) -> None:
+    """A time series may miss values, which TAGI leaves out of its update; a torch loss would
+    turn them into NaN gradients."""
+    targets = getattr(split.train, "y", None)
+    if split.series is None or targets is None:
+        return
+    missing = int(torch.isnan(targets).sum())
+    if missing:
+        raise ConfigError(f"dataset {dataset}: {missing} training target(s) are missing values; "
+                          f"{model} is a torch model, whose loss cannot leave them out: use a "
+                          f"TAGI model (tagi-mlp, tagi-lstm), which skips them")
 
 
 def tagi_learner(model: Any, config: LearnerConfig, split: Split,

@@ -30,8 +30,9 @@ class ModelConfig:
     """The network: which one, its sizes, its initialisation and its number format."""
 
     model: str = "tagi-mlp"
-    """tagi-mlp, tagi-cnn, tagi-resnet18, torch-mlp, torch-cnn, torch-resnet18,
-    torch-resnet50 (the ResNets take ImageNet's stem on images of 128 pixels and more), or
+    """tagi-mlp, tagi-cnn, tagi-resnet18, tagi-lstm (time series), torch-mlp, torch-cnn,
+    torch-resnet18, torch-resnet50 (the ResNets take ImageNet's stem on images of 128 pixels
+    and more), or
     PATH.py:FUNCTION: FUNCTION(input_shape, num_outputs) returns a dptrain.tagi.Sequential or a
     torch.nn.Module."""
     precision: str = "32"

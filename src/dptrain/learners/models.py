@@ -33,6 +33,7 @@ from dptrain.tagi import (
     Conv2d,
     EvenExp,
     HRCSoftmax,
+    LSTM,
     LayerBlock,
     Linear,
     MixtureReLU,
@@ -75,6 +76,8 @@ class ModelSpec:
     build: Callable[[tuple[int, ...], int, ModelOptions], Any]
     summary: str
     needs_image: bool = False
+    takes_windows: bool = False
+    """The model reads its input as a sequence: (lookback,) or (lookback, features)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Training defaults this model was tuned with (batch_size, sigma_v, gain, ...), used where
     the user gave no value."""
@@ -127,6 +130,19 @@ def tagi_mlp(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
         return Sequential(*layers, Linear(width, 2 * num_outputs, gain_weight=gw, gain_bias=gb),
                           EvenExp(), dtype=options.dtype)
     return Sequential(*layers, Linear(width, num_outputs, gain_weight=gw, gain_bias=gb),
+                      dtype=options.dtype)
+
+
+def tagi_lstm(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """pytagi's forecasting network: LSTM(1, hidden, L) - LSTM(hidden, hidden, L) -
+    Linear(hidden·L, num_outputs), for windows of L values of one series (flat (L,) inputs,
+    or (L, features) for several values per time step)."""
+    seq_len, features = input_shape[0], (input_shape[1] if len(input_shape) == 2 else 1)
+    gw, gb = _gains(options)
+    hidden = options.hidden
+    return Sequential(LSTM(features, hidden, seq_len, gain_weight=gw, gain_bias=gb),
+                      LSTM(hidden, hidden, seq_len, gain_weight=gw, gain_bias=gb),
+                      Linear(hidden * seq_len, num_outputs, gain_weight=gw, gain_bias=gb),
                       dtype=options.dtype)
 
 
@@ -343,8 +359,12 @@ def torch_resnet50(input_shape: tuple[int, ...], num_outputs: int, options: Mode
 
 # ------------------------------------------------------------------------------ the registry
 _RESNET_DEFAULTS = {"batch_size": 64, "sigma_v": 0.05, "gain": 0.083}
+_LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
+    ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
+              "forecasting network: 2 LSTM layers of --hidden units, a Linear head)",
+              takes_windows=True, defaults=_LSTM_DEFAULTS),
     ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN)",
               needs_image=True),
     ModelSpec("tagi-resnet18", "tagi", tagi_resnet18, "TAGI ResNet18 (pytagi's CIFAR-10 one)",
@@ -371,6 +391,11 @@ def get_model(name: str) -> ModelSpec:
 def check_input(name: str, input_shape: tuple[int, ...]) -> None:
     """Raise a one-line ConfigError if model `name` cannot take samples of `input_shape`."""
     spec = get_model(name)
+    if spec.takes_windows and len(input_shape) > 2:
+        raise ConfigError(f"model {name} takes windows of a time series, (lookback,) or "
+                          f"(lookback, features); the dataset's inputs have shape "
+                          f"{tuple(input_shape)} (use a time series: sine, seasonal, "
+                          f"series:PATH.csv)")
     if not spec.needs_image:
         return
     image = image_shape(tuple(input_shape))

@@ -10,6 +10,7 @@ every component's config that `dptrain train` takes, one flag and one TOML key p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -100,6 +101,11 @@ class TrainOptions(LaunchConfig, FitOptions, LearnerConfig, DataConfig, ModelCon
 
 RESUMABLE_OPTIONS = frozenset(f.name for f in fields(TrainOptions) if not defines_run(f))
 """Options that may change when a run resumes; every other option defines the run."""
+
+RUN_DEFAULTS = {f.name: f.default for f in fields(TrainOptions)
+                if defines_run(f) and f.default is not dataclasses.MISSING}
+"""The default of each option that defines the run: a checkpoint written before an option
+existed matches a resume that leaves it at its default (train/resume.py)."""
 
 
 def run_record(options: TrainOptions) -> dict[str, Any]:
