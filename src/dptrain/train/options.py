@@ -79,6 +79,10 @@ class TrainOptions(LaunchConfig, FitOptions, LearnerConfig, DataConfig, ModelCon
     def __post_init__(self) -> None:
         for component in COMPONENTS:
             component.__post_init__(self)
+        if self.nodes.elastic and not self.out:
+            raise ConfigError(f"nnodes {self.nnodes} (elastic) needs out DIR, the same on every "
+                              f"node and on a filesystem they share: a node that joins resumes "
+                              f"from the run's checkpoints there")
         if self.resume == "never" and self.max_restarts:
             raise ConfigError("max-restarts restarts the job from its checkpoints, which "
                               "--resume never forbids: use one or the other")
