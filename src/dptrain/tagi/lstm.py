@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dptrain.tagi.base import ParamLayer, init_scale
+from dptrain.tagi.base import ParamLayer, constant, init_scale
 from dptrain.tagi.linear import _version
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
@@ -183,11 +183,10 @@ class LSTM(ParamLayer):
             gates = mu_w.view(4, o, i + o)
             if name == "total":
                 value = torch.addcmul(var_w, mu_w, mu_w)
-            elif name == "cov":
-                w_f, w_i, w_c, w_o = gates.unbind(0)
-                value = torch.stack((w_i * w_c, w_f * w_o, w_i * w_o, w_c * w_o))  # (4, O, H)
-                value[1:, :, i:].zero_()
-                value = value.view(4 * o, i + o)
+            elif name == "cov":  # (i, c̃), (f, o), (i, o), (c̃, o), three of them masked
+                left, right, mask = _cov_pairs(mu_w, i, o)
+                value = torch.index_select(gates, 0, left).mul_(torch.index_select(gates, 0, right))
+                value = value.mul_(mask).view(4 * o, i + o)
             else:
                 x_part = gates[:, :, :i]  # (4, O, I)
                 value = (x_part[:, None] * x_part[None, :]).reshape(16 * o, i)
@@ -272,7 +271,7 @@ class LSTM(ParamLayer):
         self.cov_i_c, self.mu_c, self.var_c = cov_i_c, mu_c, var_c
         self.mu_ca = torch.tanh(mu_c)
         self._mu_ca_sq = self.mu_ca * self.mu_ca
-        self.jcb_ca = 1 - self._mu_ca_sq
+        self.jcb_ca = constant(1.0, var_c) - self._mu_ca_sq
         self.var_ca = self.jcb_ca * self.jcb_ca * var_c
 
     def _hidden_state(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,7 +327,9 @@ class LSTM(ParamLayer):
         tanh(c) for f, i, c̃, straight for o, with the other factors at their means."""
         _, mu_i, mu_cg, mu_o = self._mu_g
         through_cell = self.jcb_ca * mu_o
-        return self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
+        # zero previous cells (nothing carried) give a_f = 0: the zeros themselves serve
+        f_path = self.mu_c_prev if self._prev_zero else through_cell * self.mu_c_prev
+        return self.jcb_ga * torch.stack((f_path,
                                           through_cell * mu_cg, through_cell * mu_i,
                                           self.mu_ca), dim=2)
 
@@ -371,11 +372,25 @@ def _gate_moments(mu_z: torch.Tensor, var_z: torch.Tensor
     """
     mu = torch.sigmoid(mu_z)
     torch.tanh(mu_z[:, :, 2], out=mu[:, :, 2])
-    jcb = (1 - mu).mul_(mu + _cell_gate_indicator(mu))
+    jcb = (constant(1.0, mu) - mu).mul_(mu + _cell_gate_indicator(mu))
     return mu, jcb * jcb * var_z, jcb
 
 
 _INDICATORS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_COV_PAIRS: dict[tuple[int, int, torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
+
+
+def _cov_pairs(like: torch.Tensor, i: int, o: int) -> tuple[torch.Tensor, ...]:
+    """Gate indices (1, 0, 1, 2) and (2, 3, 3, 3) of the four weight products behind the
+    forward's covariances, and the (4, 1, I + O) mask keeping the hidden columns of the first
+    only; made once per shape (three ops per step instead of a dozen)."""
+    key = (i, o, like.dtype, like.device)
+    if key not in _COV_PAIRS:
+        mask = torch.ones(4, 1, i + o, dtype=like.dtype, device=like.device)
+        mask[1:, :, i:] = 0
+        _COV_PAIRS[key] = (torch.tensor([1, 0, 1, 2], device=like.device),
+                           torch.tensor([2, 3, 3, 3], device=like.device), mask)
+    return _COV_PAIRS[key]
 
 
 def _cell_gate_indicator(like: torch.Tensor) -> torch.Tensor:
