@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from dptrain import tagi  # noqa: E402
-from dptrain.tagi import _pack, activations, lstm, output_updater  # noqa: E402
+from dptrain.tagi import activations, base, lstm, output_updater  # noqa: E402
 from dptrain.tagi.base import VAR_FLOOR  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,7 +64,8 @@ def compiled_hot_paths() -> Iterator[None]:
     """Within: the engine calls compiled versions of its elementwise hot paths."""
     step = torch.compile(_fused_capped_update, dynamic=False)
     swaps: list[tuple[object, str, Callable]] = [
-        (_pack, "capped_update_", lambda p, d, factor, scratch=None: step(p, d, 1.0 / factor)),
+        (base.StepRows, "capped_update_",
+         lambda rows, factor: step(rows.params, rows.deltas, 1.0 / factor)),
         (output_updater, "_innovations", torch.compile(output_updater._innovations)),
         (output_updater, "_agvi_innovations", torch.compile(output_updater._agvi_innovations)),
         (activations.ReLU, "moments", torch.compile(activations.ReLU.moments)),
