@@ -1,4 +1,4 @@
-"""One flat buffer for all parameters of a network, so that `step()` is 6 ops, not 6 per tensor.
+"""One flat buffer for all parameters of a network, so that `step()` is 5 ops, not 5 per tensor.
 
 `params` is (2, P): row 0 the means, row 1 the variances of every parameter tensor of every
 parametric leaf, concatenated in state_dict order; `deltas` is (2, P) likewise. Each layer's
