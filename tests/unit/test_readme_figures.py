@@ -106,6 +106,19 @@ def test_heteroscedastic_table_is_its_json():
         _row(f"| {label} | {s['rmse']:.4f} | {s['log_likelihood']:.4f} | "
              f"{100 * s['coverage_2sigma']:.1f} % | {_rate(s['samples_per_s'])} |")
     _in_readme(f"Speed **{record['speed_ratio']:.2f}x")
+    before = _load("tagi_heteros_vs_pytagi.before_issue20.json")
+    _in_readme(f"({before['speed_ratio']:.2f}x before the engine's small-batch op cuts")
+
+
+def test_lstm_table_is_its_json():
+    record, before = _load("tagi_lstm_vs_pytagi.json"), _load(
+        "tagi_lstm_vs_pytagi.before_issue20.json")
+    for name, label in (("dptrain", "dptrain.tagi"), ("pytagi", "pytagi 0.2.1")):
+        s = record["summary"][name]
+        _row(f"| {label} | {s['rmse']:.4f} | {s['log_likelihood']:.4f} | "
+             f"{100 * s['coverage_2sigma']:.1f} % | {_rate(s['samples_per_s'])} |")
+    _in_readme(f"Speed **{record['speed_ratio']:.2f}x, target 2x not met** "
+               f"({before['speed_ratio']:.2f}x before")
 
 
 def test_learning_table_quotes_the_tests_and_the_pytagi_run():

@@ -107,6 +107,35 @@ def test_variance_floor_rule_is_exact():
     assert params[1, 0].item() < VAR_FLOOR and params[1, 1].item() == VAR_FLOOR
 
 
+def test_step_rows_kept_across_steps_match_fresh_ones():
+    """A Sequential keeps its step's row views (StepRows) for every step; stepping through them
+    twice is exactly stepping through freshly made views twice."""
+    from dptrain.tagi.base import StepRows, capped_update_, scale_deltas_
+
+    gen = torch.Generator().manual_seed(0)
+    params = torch.stack([torch.randn(50, generator=gen, dtype=F64),
+                          torch.rand(50, generator=gen, dtype=F64)])
+    deltas = torch.randn(2, 50, generator=gen, dtype=F64)
+    kept_params, kept_deltas = params.clone(), deltas.clone()
+    rows = StepRows(kept_params, kept_deltas)
+    for _ in range(2):
+        rows.scale_deltas_()
+        rows.capped_update_(2.0)
+        scale_deltas_(params, deltas)
+        capped_update_(params, deltas, 2.0)
+    assert torch.equal(kept_params, params) and torch.equal(kept_deltas, deltas)
+
+
+def test_finite_and_constant():
+    from dptrain.tagi.base import constant, finite
+
+    x = torch.tensor([0.0, -1.5, 3e38, float("inf"), float("-inf"), float("nan")])
+    assert torch.equal(finite(x), torch.isfinite(x))
+    one = constant(1.0, x)
+    assert one.dim() == 0 and one.dtype == x.dtype and constant(1.0, x) is one
+    assert constant(1.0, x.double()).dtype == F64
+
+
 def test_reassigned_delta_or_state_attribute_is_caught_after_the_first_backward():
     """A layer that re-binds a delta attribute instead of writing into its view would never be
     stepped or all-reduced; the first backward names it (and `to()` re-arms the check)."""

@@ -1,4 +1,4 @@
-"""One flat buffer for all parameters of a network, so that `step()` is 6 ops, not 6 per tensor.
+"""One flat buffer for all parameters of a network, so that `step()` is 5 ops, not 5 per tensor.
 
 `params` is (2, P): row 0 the means, row 1 the variances of every parameter tensor of every
 parametric leaf, concatenated in state_dict order; `deltas` is (2, P) likewise. Each layer's
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from dptrain.tagi.base import Layer, ParamLayer, capped_update_, scale_deltas_
+from dptrain.tagi.base import Layer, ParamLayer, StepRows, scale_deltas_
 
 
 class ParameterPack:
@@ -32,7 +32,8 @@ class ParameterPack:
         total = sum(math.prod(shape) for _, _, shape in groups)
         self.params = torch.empty(2, total, dtype=dtype, device=device)  # (2, P)
         self.deltas = torch.empty(2, total, dtype=dtype, device=device)  # (2, P)
-        self._scratch = torch.empty(4, total, dtype=dtype, device=device)  # (4, P), step only
+        self._rows = StepRows(self.params, self.deltas,
+                              torch.empty(4, total, dtype=dtype, device=device))  # step scratch
         self._bound: list[tuple[Layer, str, torch.Tensor]] = []
         offset = 0
         for leaf, group, shape in groups:
@@ -60,13 +61,13 @@ class ParameterPack:
         """g → Δ (see base.py): Δm = v g_m, Δv = v² g_v, for every layer at once or for the
         columns [start, end) (one layer's slice, as a data-parallel wrapper reduces it)."""
         if start == 0 and end is None:
-            scale_deltas_(self.params, self.deltas)
+            self._rows.scale_deltas_()
         else:
             scale_deltas_(self.params[:, start:end], self.deltas[:, start:end])
 
     def step(self, factor: float) -> None:
         if self.params.shape[1]:
-            capped_update_(self.params, self.deltas, factor, self._scratch)
+            self._rows.capped_update_(factor)
 
     def detached(self) -> list[str]:
         return _detached(self._bound)

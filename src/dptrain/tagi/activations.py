@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dptrain.tagi.base import Layer
+from dptrain.tagi.base import Layer, constant
 from dptrain.tagi.states import HiddenStates
 
 
@@ -121,7 +121,7 @@ class EvenExp(Activation):
         pairs = (mu_z.shape[0], mu_z.shape[1] // 2, 2)
         mu_mean, mu_log_noise = mu_z.reshape(pairs).unbind(2)
         var_mean, var_log_noise = var_z.reshape(pairs).unbind(2)
-        mu_t = torch.exp(mu_log_noise + 0.5 * var_log_noise)
+        mu_t = torch.exp(mu_log_noise + constant(0.5, var_z) * var_log_noise)
         var_t = mu_t * mu_t * torch.expm1(var_log_noise)
         return (torch.stack([mu_mean, mu_t], 2).view(mu_z.shape),
                 torch.stack([var_mean, var_t], 2).view(mu_z.shape),

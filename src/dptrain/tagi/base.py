@@ -42,8 +42,7 @@ def cap_factor(batch_size: int) -> float:
 
 def scale_deltas_(params: torch.Tensor, deltas: torch.Tensor) -> None:
     """In place on (2, ...) stacks: deltas[0] *= v, deltas[1] *= v², v = params[1]."""
-    deltas.mul_(params[1])
-    deltas[1].mul_(params[1])
+    StepRows(params, deltas).scale_deltas_()
 
 
 def capped_update_(params: torch.Tensor, deltas: torch.Tensor, factor: float,
@@ -51,19 +50,40 @@ def capped_update_(params: torch.Tensor, deltas: torch.Tensor, factor: float,
     """In place: `m += clip(Δm, ±bar)`, `v += clip(Δv, ±bar)`, `bar = sqrt(v_old)/c`; v ≤ 0 → 1e-5.
 
     `params` and `deltas` are (2, P): row 0 means, row 1 variances (docs/tagi.md, Capped step).
-    clamp(Δ, −bar, bar) equals sign(Δ)·min(|Δ|, bar) because bar ≥ 0. `scratch`, if given, is
-    a (4, P) buffer reused across calls: a fresh ~P-sized allocation per step costs page faults
-    that show up at batch 32. Five passes over the parameters, the bounds ±bar in one of them.
+    `scratch`, if given, is a (4, P) buffer reused across calls: a fresh ~P-sized allocation per
+    step costs page faults that show up at batch 32.
     """
-    if scratch is None:
-        scratch = torch.empty((4,) + tuple(params.shape[1:]), dtype=params.dtype,
-                              device=params.device)
-    bounds, clipped = scratch[:2], scratch[2:]
-    root = torch.sqrt(params[1], out=clipped[0])  # from the pre-update variance
-    torch.mul(root, _signed_inverse(factor, params), out=bounds)  # (2, P): −bar, +bar
-    params.add_(torch.clamp(deltas, min=bounds[0], max=bounds[1], out=clipped))
-    # threshold: v if v > 0 else VAR_FLOOR, i.e. exactly the floor rule, in one fused op.
-    F.threshold_(params[1], 0.0, VAR_FLOOR)
+    StepRows(params, deltas, scratch).capped_update_(factor)
+
+
+class StepRows:
+    """The row views `scale_deltas_` and `capped_update_` work on, made once: a network that
+    steps the same (2, P) buffers every batch keeps one, and its step is then five ops
+    instead of a dozen (at batch 5 the views cost as much as the passes)."""
+
+    def __init__(self, params: torch.Tensor, deltas: torch.Tensor,
+                 scratch: torch.Tensor | None = None) -> None:
+        if scratch is None:
+            scratch = torch.empty((4,) + tuple(params.shape[1:]), dtype=params.dtype,
+                                  device=params.device)
+        self.params, self.deltas = params, deltas
+        self.var, self.delta_var = params[1], deltas[1]
+        self.bounds, self.clipped = scratch[:2], scratch[2:]  # (2, P) each
+        self.lower, self.upper, self.root = self.bounds[0], self.bounds[1], self.clipped[0]
+
+    def scale_deltas_(self) -> None:
+        self.deltas.mul_(self.var)
+        self.delta_var.mul_(self.var)
+
+    def capped_update_(self, factor: float) -> None:
+        """Five passes over the parameters, the bounds ±bar in one of them. clamp(Δ, −bar, bar)
+        equals sign(Δ)·min(|Δ|, bar) because bar ≥ 0."""
+        root = torch.sqrt(self.var, out=self.root)  # from the pre-update variance
+        torch.mul(root, _signed_inverse(factor, self.params), out=self.bounds)  # −bar, +bar
+        self.params.add_(torch.clamp(self.deltas, min=self.lower, max=self.upper,
+                                     out=self.clipped))
+        # threshold: v if v > 0 else VAR_FLOOR, i.e. exactly the floor rule, in one fused op.
+        F.threshold_(self.var, 0.0, VAR_FLOOR)
 
 
 _SIGNED_INVERSES: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
@@ -79,6 +99,26 @@ def _signed_inverse(factor: float, like: torch.Tensor) -> torch.Tensor:
         _SIGNED_INVERSES[key] = torch.tensor([[-1.0 / factor], [1.0 / factor]],
                                              dtype=like.dtype, device=like.device)
     return _SIGNED_INVERSES[key]
+
+
+_CONSTANTS: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-dim tensor in `like`'s dtype and device, made once.
+
+    An op with a Python number first wraps it into a fresh tensor: on the tiny tensors of a
+    small batch (the LSTM's (5, 5, 4, 8) gates) that costs as much as the op itself.
+    """
+    key = (value, like.dtype, like.device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+    return _CONSTANTS[key]
+
+
+def finite(x: torch.Tensor) -> torch.Tensor:
+    """torch.isfinite(x) in two ops instead of four: x − x is 0 exactly where x is finite."""
+    return torch.eq(x - x, constant(0.0, x))
 
 
 LayerT = TypeVar("LayerT", bound="Layer")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dptrain.tagi.base import ParamLayer, init_scale
+from dptrain.tagi.base import ParamLayer, constant, init_scale
 from dptrain.tagi.linear import _version
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
@@ -103,7 +103,7 @@ class LSTM(ParamLayer):
         self.mu_c = self.var_c = self.mu_ca = self.var_ca = self.jcb_ca = None
         self.mu_h = self.var_h = None
         self._jcb_in: torch.Tensor | None = None  # J of the input states, None = 1
-        self._mu_ha_sq: torch.Tensor | None = None
+        self._mu_ha_rows = self._mu_ha_sq = None  # (B·T, H) m_X and m_X²
         self._cov_sums = self._mu_ca_sq = None
         self._mu_g = self._var_g = self._jcb_g = self._sq_g = self._second_g = ()
         self._in_shape: tuple[int, ...] = ()
@@ -183,11 +183,10 @@ class LSTM(ParamLayer):
             gates = mu_w.view(4, o, i + o)
             if name == "total":
                 value = torch.addcmul(var_w, mu_w, mu_w)
-            elif name == "cov":
-                w_f, w_i, w_c, w_o = gates.unbind(0)
-                value = torch.stack((w_i * w_c, w_f * w_o, w_i * w_o, w_c * w_o))  # (4, O, H)
-                value[1:, :, i:].zero_()
-                value = value.view(4 * o, i + o)
+            elif name == "cov":  # (i, c̃), (f, o), (i, o), (c̃, o), three of them masked
+                left, right, mask = _cov_pairs(mu_w, i, o)
+                value = torch.index_select(gates, 0, left).mul_(torch.index_select(gates, 0, right))
+                value = value.mul_(mask).view(4 * o, i + o)
             else:
                 x_part = gates[:, :, :i]  # (4, O, I)
                 value = (x_part[:, None] * x_part[None, :]).reshape(16 * o, i)
@@ -230,20 +229,24 @@ class LSTM(ParamLayer):
         batch, t, o = mu_x.shape[0], self.seq_len, self.output_size
         rows, width = batch * t, self.input_size + o
         mu_ha = torch.cat((mu_x, self.mu_h_prev), dim=2)  # (B, T, H)
-        mu_ha_sq = mu_ha * mu_ha
+        mu_rows = mu_ha.view(rows, width)  # 2-D from here on: F.linear on 3-D adds views
+        mu_rows_sq = mu_rows * mu_rows
         var_ha = None
         if var_x is not None or not self._prev_zero:
             var_in = var_x if var_x is not None else torch.zeros_like(mu_x)
             var_ha = torch.cat((var_in, self.var_h_prev), dim=2)
         # All four gates of all T steps in one product per moment: (B·T, 4·O).
-        mu_z = F.linear(mu_ha, self.mu_w, self.mu_b).view(batch, t, 4, o)
-        var_z = F.linear(mu_ha_sq, self.var_w, self.var_b)
+        mu_z = F.linear(mu_rows, self.mu_w, self.mu_b)
+        var_z = F.linear(mu_rows_sq, self.var_w, self.var_b)
         self._cov_sums = None
         if var_ha is not None:
-            var_z.view(rows, 4 * o).addmm_(var_ha.view(rows, width), self._weights("total").t())
-            self._cov_sums = F.linear(var_ha, self._weights("cov")).view(batch, t, 4, o)
-        self.mu_ha, self.var_ha, self._mu_ha_sq = mu_ha, var_ha, mu_ha_sq  # m_X² for backward
-        self.mu_ga, self.var_ga, self.jcb_ga = _gate_moments(mu_z, var_z.view(batch, t, 4, o))
+            var_rows = var_ha.view(rows, width)
+            var_z.addmm_(var_rows, self._weights("total").t())
+            self._cov_sums = torch.mm(var_rows, self._weights("cov").t()).view(batch, t, 4, o)
+        self.mu_ha, self.var_ha = mu_ha, var_ha
+        self._mu_ha_rows, self._mu_ha_sq = mu_rows, mu_rows_sq  # (B·T, H), for backward
+        self.mu_ga, self.var_ga, self.jcb_ga = _gate_moments(mu_z.view(batch, t, 4, o),
+                                                             var_z.view(batch, t, 4, o))
         sq_ga = self.mu_ga * self.mu_ga  # m² of every gate
         # Per-gate (B, T, O) views, split once: (f, i, c̃, o) each.
         self._mu_g, self._var_g, self._jcb_g = (x.unbind(2) for x in (self.mu_ga, self.var_ga,
@@ -272,7 +275,7 @@ class LSTM(ParamLayer):
         self.cov_i_c, self.mu_c, self.var_c = cov_i_c, mu_c, var_c
         self.mu_ca = torch.tanh(mu_c)
         self._mu_ca_sq = self.mu_ca * self.mu_ca
-        self.jcb_ca = 1 - self._mu_ca_sq
+        self.jcb_ca = constant(1.0, var_c) - self._mu_ca_sq
         self.var_ca = self.jcb_ca * self.jcb_ca * var_c
 
     def _hidden_state(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,13 +310,13 @@ class LSTM(ParamLayer):
         if delta_mu.shape != shape:  # from a Linear head: (B, T·O)
             delta_mu, delta_var = delta_mu.reshape(shape), delta_var.reshape(shape)
         batch, t, o = shape
-        rows, width = batch * t, self.input_size + o
+        rows = batch * t
         coef = self._gate_coefficients()
         coef_mu = (coef * delta_mu.unsqueeze(2)).view(rows, 4 * o)
         coef_var = (coef * coef).mul_(delta_var.unsqueeze(2)).view(rows, 4 * o)
         # Linear's rule with δ replaced by a_g δ: one product for all four gates, (4·O, H).
-        torch.mm(coef_mu.t(), self.mu_ha.view(rows, width), out=self.delta_mu_w)
-        torch.mm(coef_var.t(), self._mu_ha_sq.view(rows, width), out=self.delta_var_w)
+        torch.mm(coef_mu.t(), self._mu_ha_rows, out=self.delta_mu_w)
+        torch.mm(coef_var.t(), self._mu_ha_sq, out=self.delta_var_w)
         if self.bias:
             torch.sum(coef_mu, 0, out=self.delta_mu_b)
             torch.sum(coef_var, 0, out=self.delta_var_b)
@@ -328,7 +331,9 @@ class LSTM(ParamLayer):
         tanh(c) for f, i, c̃, straight for o, with the other factors at their means."""
         _, mu_i, mu_cg, mu_o = self._mu_g
         through_cell = self.jcb_ca * mu_o
-        return self.jcb_ga * torch.stack((through_cell * self.mu_c_prev,
+        # zero previous cells (nothing carried) give a_f = 0: the zeros themselves serve
+        f_path = self.mu_c_prev if self._prev_zero else through_cell * self.mu_c_prev
+        return self.jcb_ga * torch.stack((f_path,
                                           through_cell * mu_cg, through_cell * mu_i,
                                           self.mu_ca), dim=2)
 
@@ -336,18 +341,17 @@ class LSTM(ParamLayer):
                            delta_var: torch.Tensor) -> DeltaStates:
         """δ of the step inputs x (not of h_prev), in the shape the input came in."""
         batch, t, o = delta_var.shape
-        i = self.input_size
-        delta_mu_in = torch.mm(coef_mu, self.mu_w[:, :i]).view(batch, t, i)
+        rows, i = batch * t, self.input_size
+        delta_mu_in = torch.mm(coef_mu, self.mu_w[:, :i])  # (B·T, I)
         # δv_x = Σ_j δv_j (Σ_g a_g,j w_g,jx)²: the square of a sum over gates, so each gate
         # pair (g, g') contributes a_g a_g' δv against w_g w_g' (one product, 16·O wide).
         pair_coef = (coef.unsqueeze(3) * coef.unsqueeze(2)) * delta_var[:, :, None, None, :]
-        delta_var_in = torch.mm(pair_coef.reshape(batch * t, 16 * o),
-                                self._weights("pairs")).view(batch, t, i)
+        delta_var_in = torch.mm(pair_coef.view(rows, 16 * o), self._weights("pairs"))
         if self._jcb_in is not None:
-            delta_mu_in = delta_mu_in * self._jcb_in
-            delta_var_in = delta_var_in * self._jcb_in * self._jcb_in
-        return DeltaStates(delta_mu_in.reshape(self._in_shape),
-                           delta_var_in.reshape(self._in_shape))
+            jcb = self._jcb_in.reshape(rows, i)
+            delta_mu_in = delta_mu_in * jcb
+            delta_var_in = delta_var_in * jcb * jcb
+        return DeltaStates(delta_mu_in.view(self._in_shape), delta_var_in.view(self._in_shape))
 
     def _update_carried(self, delta_mu: torch.Tensor, delta_var: torch.Tensor) -> None:
         """Posterior of the carried h and c given the innovations of h (pytagi's rule):
@@ -371,11 +375,25 @@ def _gate_moments(mu_z: torch.Tensor, var_z: torch.Tensor
     """
     mu = torch.sigmoid(mu_z)
     torch.tanh(mu_z[:, :, 2], out=mu[:, :, 2])
-    jcb = (1 - mu).mul_(mu + _cell_gate_indicator(mu))
+    jcb = (constant(1.0, mu) - mu).mul_(mu + _cell_gate_indicator(mu))
     return mu, jcb * jcb * var_z, jcb
 
 
 _INDICATORS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_COV_PAIRS: dict[tuple[int, int, torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
+
+
+def _cov_pairs(like: torch.Tensor, i: int, o: int) -> tuple[torch.Tensor, ...]:
+    """Gate indices (1, 0, 1, 2) and (2, 3, 3, 3) of the four weight products behind the
+    forward's covariances, and the (4, 1, I + O) mask keeping the hidden columns of the first
+    only; made once per shape (three ops per step instead of a dozen)."""
+    key = (i, o, like.dtype, like.device)
+    if key not in _COV_PAIRS:
+        mask = torch.ones(4, 1, i + o, dtype=like.dtype, device=like.device)
+        mask[1:, :, i:] = 0
+        _COV_PAIRS[key] = (torch.tensor([1, 0, 1, 2], device=like.device),
+                           torch.tensor([2, 3, 3, 3], device=like.device), mask)
+    return _COV_PAIRS[key]
 
 
 def _cell_gate_indicator(like: torch.Tensor) -> torch.Tensor:

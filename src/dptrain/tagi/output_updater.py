@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dptrain.tagi.base import constant, finite
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 
@@ -97,23 +98,25 @@ def _agvi_innovations(mu_y: torch.Tensor, var_y: torch.Tensor, jcb_y: torch.Tens
     Cov(T, V²) = v_T (docs/tagi.md, Heteroscedastic regression). At batch 10 a step is all
     per-op overhead, so the algebra is arranged for few tensor operations.
     """
+    one, two = constant(1.0, mu_t), constant(2.0, mu_t)  # Python numbers cost a tensor each
     inv_s = torch.reciprocal(var_y + mu_t)
     residual_over_s = (y - mu_y).mul_(inv_s)
     mean_v = mu_t * residual_over_s
-    var_v = mu_t * (1.0 - mu_t * inv_s)
+    var_v = mu_t * (one - mu_t * inv_s)
     mean_v_sq = mean_v * mean_v
-    prior_var_v2 = 3.0 * var_t + 2.0 * mu_t * mu_t
+    prior_var_v2 = constant(3.0, mu_t) * var_t + two * mu_t * mu_t
     gain = var_t / prior_var_v2
     # J/v_T carries the change of T back to its pre-activation; 0 where v_T vanishes
     jv = torch.reciprocal(var_t) if jcb_t is None else jcb_t / var_t
-    jv = torch.where(torch.isfinite(jv), jv, 0.0).mul_(gain)
+    zero = constant(0.0, jv)
+    jv = torch.where(finite(jv), jv, zero).mul_(gain)
     deltas = torch.stack([
         residual_over_s if jcb_y is None else jcb_y * residual_over_s,
         jv * (mean_v_sq + var_v - mu_t),
         -inv_s if jcb_y is None else -jcb_y * jcb_y * inv_s,
-        jv * jv * (2.0 * var_v * (var_v + 2.0 * mean_v_sq) - prior_var_v2)])
+        jv * jv * (two * var_v * (var_v + two * mean_v_sq) - prior_var_v2)])
     # a missing target (NaN) or a non-finite ratio leaves both slots of that target unobserved
-    return torch.where(torch.isfinite(deltas.sum(0)), deltas, 0.0)
+    return torch.where(finite(deltas.sum(0)), deltas, zero)
 
 
 def _innovations(mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,
@@ -125,8 +128,9 @@ def _innovations(mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,
     if jcb is not None:
         delta_mu.mul_(jcb)
         delta_var.mul_(jcb).mul_(jcb)
-    observed = torch.isfinite(delta_mu)  # False for NaN targets and inf/NaN ratios
-    return torch.where(observed, delta_mu, 0.0), torch.where(observed, delta_var, 0.0)
+    observed = finite(delta_mu)  # False for NaN targets and inf/NaN ratios
+    zero = constant(0.0, delta_mu)
+    return torch.where(observed, delta_mu, zero), torch.where(observed, delta_var, zero)
 
 
 def _checked_output(states: Any) -> tuple[torch.Tensor, torch.Tensor]:
