@@ -151,9 +151,29 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
         raise failure(err) from err
     # A script that never destroys the group leaves it to interpreter teardown, where gloo's and
     # the store's threads can die in the wrong order ("terminate called", SIGABRT at exit).
+    # atexit runs the last registered first: the group goes, then its threads get their pause.
+    atexit.register(_let_collective_threads_finish)
     atexit.register(shutdown_distributed)
     log.info("rank %d/%d started %s on %s", env.rank, env.world_size, chosen, device)
     return Runtime(env, chosen, device, timeout)
+
+
+#: How long the process waits at exit for gloo's worker threads (see below).
+EXIT_SETTLE_S = 0.1
+
+
+def _let_collective_threads_finish() -> None:
+    """At exit, before the interpreter finalises: give gloo's worker threads a moment.
+
+    A worker drops its finished collective (and with it the last reference to the tensors a
+    Python caller had already let go) a little after the caller sees it complete. If that falls
+    after finalisation has begun, the drop needs the GIL, the thread is made to exit instead,
+    and std::terminate aborts a job whose work all succeeded ("terminate called without an
+    active exception"; seen in a core dump of a two-rank run under mpirun on a loaded 2-core
+    machine, the last collective an all_gather_object). The worker needs microseconds once
+    scheduled; the pause covers a busy machine's scheduling delay.
+    """
+    time.sleep(EXIT_SETTLE_S)
 
 
 #: Called (last registered first) just before the group is destroyed: see release_before_shutdown.

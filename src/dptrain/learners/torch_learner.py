@@ -582,12 +582,11 @@ class TorchLearner:
 
 def _drop_wrapper(learner_ref: weakref.ref) -> None:
     """When the process group shuts down, just before it is destroyed: drop the learner's DDP
-    wrapper, so its reducer goes before the group it holds. Freed after the group, at
-    interpreter teardown, it makes torch 2.13 abort a finished job now and then ("terminate
-    called without an active exception"). Two-rank runs of examples/torch_toy_mlp.py under
-    mpirun, whose `with distributed():` ends while the learner is alive: 5 aborts in 30 runs
-    with the wrapper left to teardown, 1 in 60 when dropped at exit (after the group), none in
-    N when dropped here."""
+    wrapper, so its reducer goes before the group it holds rather than in interpreter teardown,
+    where torch 2.13 aborted finished jobs now and then ("terminate called without an active
+    exception"; 5 in 30 two-rank runs of examples/torch_toy_mlp.py under mpirun with the wrapper
+    left to teardown). The rarer abort left after this (2 in 160 runs) had another cause: see
+    dist.group._let_collective_threads_finish."""
     learner = learner_ref()
     if learner is not None:
         learner._wrapped, learner._released = None, True
