@@ -42,7 +42,7 @@ class ModelConfig:
     """Channels of the first ResNet stage (64: ResNet18; small for quick tests)."""
     gain: float = 0.0
     """TAGI: gain of the initial weight (and bias) standard deviations; 0: the model's default
-    (1; 0.5 for tagi-cnn, 0.083 for tagi-resnet18)."""
+    (1; 0.5 for tagi-cnn on images of 24 pixels and more, 0.083 for tagi-resnet18)."""
     gain_bias: float = 0.0
     """TAGI: gain of the initial bias standard deviations if different; 0: as gain."""
     dropout: float = 0.0
