@@ -5,9 +5,9 @@
 
 Trains the network (the FNN 64-128-128-11 or the 8x8 CNN of tests/unit/test_tagi_learning.py,
 or with "network": "cnn-plan", "shape": [C, H, W] and "gain": g the registry's tagi-cnn layout
-for that image shape, all from pytagi's own layers) with the hierarchical softmax head on in.npz's training images,
-visiting them in the order in.npz gives per epoch, in batches of its batch size (the last one
-of an epoch smaller), with σ_v from in.npz; then decodes the test predictions with pytagi's own
+for that image shape, all from pytagi's own layers) with the hierarchical softmax head on
+in.npz's training images, visiting them in the order in.npz gives per epoch, in batches of its
+batch size (the last one of an epoch smaller), with σ_v from in.npz; then decodes the test predictions with pytagi's own
 HRC utilities and prints one JSON line: test error, wrong count, training seconds, version, and
 the largest standard deviation over the test set of one output's predicted mean.
 Imports nothing from dptrain: that lives in the other venv.
