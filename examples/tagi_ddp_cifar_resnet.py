@@ -71,7 +71,7 @@ config = DDPConfig.from_env(backend="auto")
 if args.tiny:  # every rank writes the same files (same seed) to a directory of its own
     tiny_dir = tempfile.TemporaryDirectory(prefix="cifar-tiny-")  # removed at exit
     args.data, args.epochs, args.width, args.batch_size = tiny_dir.name, 1, 4, 8
-    write_synthetic_cifar10(args.data, num_train=32, num_test=21)  # 21: uneven eval shards
+    write_synthetic_cifar10(args.data, num_train=36, num_test=21)  # uneven last batch, shards
 elif not args.data:
     parser.error("--data DIR is required (or --tiny)")
 split = load_cifar10(args.data)  # pixels stay uint8; batches come out normalised
@@ -84,7 +84,11 @@ net = resnet18_cifar10(gain=args.gain, width=args.width)
 ddp = DDPSequential(net, config, average=args.average)
 updater = OutputUpdater(ddp.device)
 
-sampler = ShardedSampler(train, rank=config.rank, world_size=config.world_size, seed=args.seed)
+# Sum mode: the epoch's last global batch is split as it falls (a rank may get fewer samples,
+# or none), no sample repeated; BatchNorm's statistics are the global batch's. Average mode
+# normalises each rank's shard with its own statistics, which an empty shard has not: padded.
+sampler = ShardedSampler(train, rank=config.rank, world_size=config.world_size, seed=args.seed,
+                         uneven_last_batch=not args.average)
 test_sampler = ShardedSampler(test, rank=config.rank, world_size=config.world_size, mode="eval")
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)

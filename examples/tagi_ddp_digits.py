@@ -26,14 +26,15 @@ parser.add_argument("--average", action="store_true", help="average deltas (pyta
                     "instead of summing them (equivalent to one process on the global batch)")
 parser.add_argument("--mnist", metavar="DIR", help="MNIST IDX files instead of digits")
 parser.add_argument("--tiny", action="store_true", help="a few hundred samples, one epoch")
+parser.add_argument("--save", metavar="FILE", help="write the trained parameters (net.save)")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
 config = DDPConfig.from_env(backend="auto")
 split = load_mnist(args.mnist, flat=True) if args.mnist else load_digits(flat=True)
 train, test = split.train, split.test
-if args.tiny:  # an odd test size makes the eval shards uneven
-    train, test, args.epochs = ArrayDataset(*train[:320]), ArrayDataset(*test[:101]), 1
+if args.tiny:  # odd sizes make the last training batch and the eval shards uneven
+    train, test, args.epochs = ArrayDataset(*train[:331]), ArrayDataset(*test[:101]), 1
 
 hrc = HRCSoftmax(num_classes=split.num_classes)
 manual_seed(args.seed)  # every rank builds the same net; DDPSequential broadcasts rank 0's anyway
@@ -43,7 +44,11 @@ ddp = DDPSequential(net, config, average=args.average)
 updater = OutputUpdater(ddp.device)
 var_y = args.sigma_v ** 2
 
-sampler = ShardedSampler(train, rank=config.rank, world_size=config.world_size, seed=args.seed)
+# The epoch's last global batch is split as it falls (a rank may get fewer samples, or none):
+# no sample is repeated to even it out, so in sum mode the steps are those of one process on
+# the global batch, on any number of ranks.
+sampler = ShardedSampler(train, rank=config.rank, world_size=config.world_size, seed=args.seed,
+                         uneven_last_batch=True)
 test_sampler = ShardedSampler(test, rank=config.rank, world_size=config.world_size, mode="eval")
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
@@ -73,3 +78,5 @@ for epoch in range(args.epochs):
 ddp.check_replicas()
 rank_zero_print(f"replicas identical on {config.world_size} rank(s); "
                 f"fingerprint {ddp.params_fingerprint()[:16]}")
+if args.save and config.rank == 0:
+    net.save(args.save)

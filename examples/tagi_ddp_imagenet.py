@@ -59,7 +59,11 @@ net = build_model("tagi-resnet18", split.input_shape, hrc.num_outputs,
 ddp = DDPSequential(net, config, average=not args.sum)
 updater = OutputUpdater(ddp.device)
 
-sampler = ShardedSampler(train, rank=config.rank, world_size=config.world_size, seed=args.seed)
+# Sum mode: the epoch's last global batch is split as it falls (a rank may get fewer samples,
+# or none), no sample repeated; BatchNorm's statistics are the global batch's. Average mode
+# normalises each rank's shard with its own statistics, which an empty shard has not: padded.
+sampler = ShardedSampler(train, rank=config.rank, world_size=config.world_size, seed=args.seed,
+                         uneven_last_batch=args.sum)
 test_sampler = ShardedSampler(split.test, rank=config.rank, world_size=config.world_size,
                               mode="eval")
 with BatchLoader(train, sampler, args.batch_size, workers=args.workers) as loader, \

@@ -28,8 +28,9 @@ from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import fetch_batch
 from dptrain.errors import CheckpointError, ConfigError
-from dptrain.learners.build import create_model
+from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.forecast import Forecast, forecast_test
 from dptrain.learners.user_model import is_model_file, model_file_sha256
 from dptrain.options import pick
 from dptrain.tagi import HRCSoftmax, split_heteros
@@ -140,6 +141,27 @@ class TrainedRun:
             return self._to_data_units(pred.mean, pred.total_var)
         return self._to_data_units(mu, var + self._sigma_v ** 2)
 
+    @torch.no_grad()
+    def forecast(self) -> Forecast:
+        """A TAGI time-series run: the recursive forecast of its test part (data units, the
+        observation noise in the variance), as the run reported it in summary.json."""
+        series = self._split.series
+        if series is None or self.kind != "tagi":
+            raise ConfigError(f"{self.run_dir}: forecasts are for TAGI models trained on a "
+                              f"time series (--dataset sine, seasonal, series:PATH.csv); this "
+                              f"run is {self.model_config.model} on {self.dataset}")
+        self.model.eval()
+
+        def moments(mu_x: torch.Tensor, var_x: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+            mu, var = self.model(mu_x.to(self.model.dtype), var_x.to(self.model.dtype))
+            if self.model_config.heteroscedastic:
+                pred = split_heteros(mu, var)
+                return pred.mean, pred.total_var
+            return mu, var + self._sigma_v ** 2
+
+        return forecast_test(moments, series)
+
     def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """HRC probabilities, and their variance over draws of the outputs ~ N(mu, var)."""
@@ -213,7 +235,7 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
                               f"replicated ones")
     seed = record.get("seed", 0)
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
-    split = load_split(data_config, seed=seed)
+    split = model_split(model_config, load_split(data_config, seed=seed))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":
@@ -224,6 +246,24 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     if saved_sigma is not None:
         sigma_v = saved_sigma["current"]
     return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v)
+
+
+def write_forecast(path: str | Path, forecast: Forecast, series: Any) -> None:
+    """One row per series and test time step: series, time, observed (empty where missing),
+    forecast mean and variance, in the data's units."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["series", "time", "observed", "mean", "var"])
+        for s, name in enumerate(series.names):
+            for k in range(forecast.mean.shape[1]):
+                observed = forecast.observed[s, k].item()
+                writer.writerow([name, series.times[forecast.start + k],
+                                 "" if observed != observed else f"{observed:.9g}",
+                                 f"{forecast.mean[s, k].item():.9g}",
+                                 f"{forecast.var[s, k].item():.9g}"])
+    tmp.replace(path)
 
 
 def write_predictions(path: str | Path, prediction: Prediction, task: str) -> None:

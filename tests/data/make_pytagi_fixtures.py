@@ -34,20 +34,28 @@ docs/tagi.md) are recorded as pytagi computes them: the tests compare them delib
 Each case prints how hard its steps pushed the cap (largest |Δm|/bar, |Δv|/bar, variances
 floored); tests/unit/test_tagi_parity_branches.py asserts the same for the cases meant to.
 
+Families of cases go to separate files (`--family`, default "base"): "base" (the layers above)
+to tests/data/pytagi_fixtures.npz, "lstm" (stacked LSTM layers with a Linear head; inputs
+x{k} are (B, T, D) windows, passed flat as pytagi's loops do) to
+tests/data/pytagi_fixtures_lstm.npz, "seq" (Embedding, and SLSTM with pytagi's smoother; see
+`seq_cases`) to tests/data/pytagi_fixtures_seq.npz.
+
   bash bench/setup_pytagi.sh      # a venv with the pytagi 0.2.1 wheel
   LD_LIBRARY_PATH=$PWD/bench/.venv-pytagi/lib/python3.11/site-packages/nvidia/nccl/lib \
       bench/.venv-pytagi/bin/python tests/data/make_pytagi_fixtures.py \
       tests/data/pytagi_fixtures.npz
+  (same) ... make_pytagi_fixtures.py --family lstm tests/data/pytagi_fixtures_lstm.npz
+  (same) ... make_pytagi_fixtures.py --family seq tests/data/pytagi_fixtures_seq.npz
 """
-import sys
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pytagi
-from pytagi.nn import (AvgPool2d, BatchNorm2d, Conv2d, EvenExp, LayerBlock, LayerNorm, Linear,
-                       MaxPool2d, MixtureReLU, MixtureTanh, OutputUpdater, ReLU, ResNetBlock,
-                       Sequential, Tanh)
+from pytagi.nn import (LSTM, SLSTM, AvgPool2d, BatchNorm2d, Conv2d, Embedding, EvenExp,
+                       LayerBlock, LayerNorm, Linear, MaxPool2d, MixtureReLU, MixtureTanh,
+                       OutputUpdater, ReLU, ResNetBlock, Sequential, SLinear, Tanh)
 
 @dataclass(frozen=True)
 class Spec:
@@ -68,6 +76,13 @@ class Spec:
     y_scale: float = 1.0
     norm_stats: bool = False
     heteros: bool = False
+    #: the inputs of a step from (rng, shape), instead of standard normal draws (ids)
+    draw_x: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray] | None = None
+    #: called on the network before each backward and before each step() (see emb_cases)
+    before_backward: Callable[[Sequential], None] | None = None
+    before_step: Callable[[Sequential], None] | None = None
+    #: a case with a loop of its own (seq_cases); `record` otherwise
+    recorder: Callable[["Spec", dict], None] | None = None
 
 
 def cases():
@@ -139,6 +154,109 @@ def cases():
         AvgPool2d(2), Linear(4, 2)), batch=16, norm_stats=True)
 
 
+def lstm_cases():
+    """Stacked LSTMs with a Linear head over every time step's hidden state (pytagi's
+    time-series example shape). Windows of T >= 3 steps compute their steps independently in
+    pytagi 0.2.1; the batch-1, T = 1 case carries hidden and cell states from one call to the
+    next (and backward updates them), which is what lstm_online records."""
+    yield Spec("lstm_stack", (3, 1), 1, lambda: Sequential(
+        LSTM(1, 4, 3), LSTM(4, 4, 3), Linear(4 * 3, 1)))
+    yield Spec("lstm_features", (4, 2), 2, lambda: Sequential(
+        LSTM(2, 3, 4, gain_weight=1.5), LSTM(3, 3, 4, bias=False), Linear(3 * 4, 2)),
+        batch=16, var_y=0.05)
+    yield Spec("lstm_online", (1, 3), 1, lambda: Sequential(
+        LSTM(3, 4, 1), LSTM(4, 4, 1), Linear(4, 1)), batch=1, var_y=0.1)
+
+
+def seq_cases():
+    """Embedding and SLSTM cases, to tests/data/pytagi_fixtures_seq.npz."""
+    yield from emb_cases()
+    yield Spec("slstm_smoother", (3,), 1, lambda: Sequential(
+        SLSTM(3, 4, 1), SLSTM(4, 4, 1), SLinear(4, 1)), batch=1, var_y=0.1,
+        recorder=record_smoother)
+
+
+def emb_cases():
+    """Ids in [0, 6) with padding id 0 and repeats in a batch, through Linear layers.
+
+    pytagi 0.2.1's Embedding proposes Δv_W = v_W Σ δv where the innovation rule gives
+    v_W² Σ δv, and its CPU layer never clears its delta buffers, so each backward adds to the
+    last one's deltas (its CUDA layer clears them). The recorder stores what one backward
+    writes (it clears the buffers first, as the CUDA layer does) and then hands step() the
+    rule's v_W² Σ δv, so every later number is pytagi's arithmetic on the intended update;
+    tests/unit/test_tagi_seq_parity.py names the one recorded delta that differs.
+    pytagi 0.2.1 draws the initial table from the system's random device, not from
+    `pytagi.manual_seed`, so each recording holds another table (the tests load the recorded
+    one, as for every case).
+    """
+    def ids(rng, shape):
+        return rng.integers(0, 6, size=shape)
+
+    yield Spec("emb_linear", (3,), 2, lambda: Sequential(
+        Embedding(6, 3, input_size=3, scale=0.7, padding_idx=0), Linear(9, 4), ReLU(),
+        Linear(4, 2)), batch=5, draw_x=ids, before_backward=_clear_embedding_deltas,
+        before_step=_embedding_variance_rule)
+
+
+def _clear_embedding_deltas(net):
+    emb = net.layers[0]
+    emb.delta_mu_w = np.zeros(len(emb.delta_mu_w), dtype=np.float32)
+    emb.delta_var_w = np.zeros(len(emb.delta_var_w), dtype=np.float32)
+
+
+def _embedding_variance_rule(net):
+    emb = net.layers[0]
+    emb.delta_var_w = (np.array(emb.delta_var_w) * np.array(emb.var_w)).astype(np.float32)
+
+
+SMOOTHER_STEPS = 8  # time steps of the first pass (net.num_samples)
+
+
+def record_smoother(spec, out):
+    """pytagi's time-series smoother loop (examples/time_series_smoother.py): batch 1, one time
+    step per call, SMOOTHER_STEPS training steps (the target of step 2 missing: NaN), then
+    `net.smoother()`, then two more steps and an eval forward.
+
+    Keys beyond the common ones (steps k = 0 … SMOOTHER_STEPS + 1; the last two follow the
+    smoother, whose reset of the carried states they depend on):
+      <case>/carried/<layer>.<mu_h|var_h|mu_c|var_c>     states carried into the smoother
+      <case>/smooth/out_mu, out_var                       net.smoother(): (SMOOTHER_STEPS,)
+      <case>/smooth/<layer>.<mu_h|var_h|mu_c|var_c>      get_lstm_states(t) stacked over t:
+                                                          (SMOOTHER_STEPS, output_size)
+    """
+    name = spec.name
+    pytagi.manual_seed(7)
+    net = spec.build()
+    net.set_threads(1)
+    net.num_samples = SMOOTHER_STEPS
+    upd = OutputUpdater(net.device)
+    rng = np.random.default_rng(7)
+    for k in range(SMOOTHER_STEPS + 2):
+        if k == SMOOTHER_STEPS:
+            for layer, states in net.get_lstm_states().items():
+                for what, value in zip(("mu_h", "var_h", "mu_c", "var_c"), states):
+                    out[f"{name}/carried/{layer}.{what}"] = np.array(value)
+            mu, var = net.smoother()
+            out[f"{name}/smooth/out_mu"], out[f"{name}/smooth/out_var"] = mu, var
+            steps = [net.get_lstm_states(t) for t in range(SMOOTHER_STEPS)]
+            for layer in steps[0]:
+                for j, what in enumerate(("mu_h", "var_h", "mu_c", "var_c")):
+                    out[f"{name}/smooth/{layer}.{what}"] = np.stack(
+                        [np.array(s[layer][j]) for s in steps])
+        x = draw_inputs(spec, rng)
+        y = (spec.y_scale * rng.normal(size=(1, 1))).astype(np.float32)
+        if k == 2:
+            y[:] = np.nan
+        record_step(spec, net, upd, out, k, x, y)
+    net.eval()
+    x = draw_inputs(spec, rng)
+    m, v = net(x.ravel())
+    out[f"{name}/x_eval"] = x
+    out[f"{name}/eval/out_mu"], out[f"{name}/eval/out_var"] = np.array(m), np.array(v)
+
+
+FAMILIES = {"base": cases, "lstm": lstm_cases, "seq": seq_cases}
+
 def param_layers(layers, prefix=""):
     """(path, layer) of every layer that holds parameters, nested blocks included."""
     for i, layer in enumerate(layers):
@@ -170,41 +288,59 @@ def record(spec, out):
     upd = OutputUpdater(net.device)
     rng = np.random.default_rng(7)
     for k in range(2):
-        x = rng.normal(size=(b,) + spec.in_shape).astype(np.float32)
+        x = draw_inputs(spec, rng)
         y = (spec.y_scale * rng.normal(size=(b, spec.n_out))).astype(np.float32)
-        vy = np.full_like(y, spec.var_y)
-        out[f"{name}/x{k}"], out[f"{name}/y{k}"], out[f"{name}/var_y{k}"] = x, y, vy
-        m, v = net(x.ravel())
-        if k == 0:
-            for path, layer in param_layers(net.layers):
-                grab(out, f"{name}/init/{path}", layer, ("mu_w", "var_w", "mu_b", "var_b"))
-        out[f"{name}/step{k}/out_mu"], out[f"{name}/step{k}/out_var"] = np.array(m), np.array(v)
-        if spec.norm_stats:
-            for key, val in net.get_norm_mean_var().items():
-                for j, what in enumerate(("running_mean", "running_var", "batch_mean",
-                                          "batch_var")):
-                    out[f"{name}/step{k}/norm/{key}.{what}"] = np.array(
-                        val[j], dtype=np.float64).ravel()
-        if spec.heteros:  # observations are the even outputs only; var_y is unused
-            y = y[:, :1].copy()
-            out[f"{name}/y{k}"] = y
-            upd.update_heteros(output_states=net.output_z_buffer, mu_obs=y.ravel(),
-                               delta_states=net.input_delta_z_buffer)
-        else:
-            upd.update(output_states=net.output_z_buffer, mu_obs=y.ravel(), var_obs=vy.ravel(),
-                       delta_states=net.input_delta_z_buffer)
-        net.backward()
-        for path, layer in param_layers(net.layers):
-            grab(out, f"{name}/step{k}/{path}", layer,
-                 ("delta_mu_w", "delta_var_w", "delta_mu_b", "delta_var_b"))
-        net.step()
-        for path, layer in param_layers(net.layers):
-            grab(out, f"{name}/step{k}/after/{path}", layer, ("mu_w", "var_w", "mu_b", "var_b"))
+        record_step(spec, net, upd, out, k, x, y)
     net.eval()
-    x = rng.normal(size=(b,) + spec.in_shape).astype(np.float32)
+    x = draw_inputs(spec, rng)
     m, v = net(x.ravel())
     out[f"{name}/x_eval"] = x
     out[f"{name}/eval/out_mu"], out[f"{name}/eval/out_var"] = np.array(m), np.array(v)
+
+
+def draw_inputs(spec, rng):
+    shape = (spec.batch,) + spec.in_shape
+    if spec.draw_x is not None:
+        return spec.draw_x(rng, shape).astype(np.float32)
+    return rng.normal(size=shape).astype(np.float32)
+
+
+def record_step(spec, net, upd, out, k, x, y):
+    """One training step of `net` on (x, y), recorded under `<case>/…{k}` (see the docstring);
+    the parameters go to `init/` before the first step."""
+    name = spec.name
+    vy = np.full_like(y, spec.var_y)
+    out[f"{name}/x{k}"], out[f"{name}/y{k}"], out[f"{name}/var_y{k}"] = x, y, vy
+    m, v = net(x.ravel())
+    if k == 0:
+        for path, layer in param_layers(net.layers):
+            grab(out, f"{name}/init/{path}", layer, ("mu_w", "var_w", "mu_b", "var_b"))
+    out[f"{name}/step{k}/out_mu"], out[f"{name}/step{k}/out_var"] = np.array(m), np.array(v)
+    if spec.norm_stats:
+        for key, val in net.get_norm_mean_var().items():
+            for j, what in enumerate(("running_mean", "running_var", "batch_mean",
+                                      "batch_var")):
+                out[f"{name}/step{k}/norm/{key}.{what}"] = np.array(
+                    val[j], dtype=np.float64).ravel()
+    if spec.heteros:  # observations are the even outputs only; var_y is unused
+        y = y[:, :1].copy()
+        out[f"{name}/y{k}"] = y
+        upd.update_heteros(output_states=net.output_z_buffer, mu_obs=y.ravel(),
+                           delta_states=net.input_delta_z_buffer)
+    else:
+        upd.update(output_states=net.output_z_buffer, mu_obs=y.ravel(), var_obs=vy.ravel(),
+                   delta_states=net.input_delta_z_buffer)
+    if spec.before_backward is not None:
+        spec.before_backward(net)
+    net.backward()
+    for path, layer in param_layers(net.layers):
+        grab(out, f"{name}/step{k}/{path}", layer,
+             ("delta_mu_w", "delta_var_w", "delta_mu_b", "delta_var_b"))
+    if spec.before_step is not None:
+        spec.before_step(net)
+    net.step()
+    for path, layer in param_layers(net.layers):
+        grab(out, f"{name}/step{k}/after/{path}", layer, ("mu_w", "var_w", "mu_b", "var_b"))
 
 
 def cap_report(out, spec):
@@ -229,10 +365,15 @@ def cap_report(out, spec):
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else "pytagi_fixtures.npz"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("path", nargs="?", default="pytagi_fixtures.npz")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="base",
+                        help="which cases to record (default: base)")
+    args = parser.parse_args()
+    path = args.path
     out = {}
-    for spec in cases():
-        record(spec, out)
+    for spec in FAMILIES[args.family]():
+        (spec.recorder or record)(spec, out)
         m, v, floors = cap_report(out, spec)
         print(f"{spec.name}: {sum(1 for k in out if k.startswith(spec.name + '/'))} arrays; "
               f"max |dm|/bar {m:.3g}, max |dv|/bar {v:.3g}, floors {floors}")

@@ -72,7 +72,10 @@ def test_a_rank_slowed_on_purpose_is_named_and_its_peers_wait_for_it(tmp_path, m
     fast, slow = ({k: float(v) for k, v in rows[r].items()} for r in (0, 1))
     assert fast["steps"] == slow["steps"] == 45 and fast["epoch"] == 1
     assert slow["compute_s"] >= DELAY_S > fast["compute_s"], rows
-    assert fast["wait_s"] >= 0.6 * DELAY_S > slow["wait_s"], rows
+    # The sleep is rank 0's wait, over what rank 1 waits itself: a busy machine adds to both
+    # (seen: rank 1 waiting 21 ms a step with other jobs on the 2 cores).
+    assert fast["wait_s"] >= 0.6 * DELAY_S, rows
+    assert fast["wait_s"] - slow["wait_s"] >= 0.4 * DELAY_S, rows
 
 
 def test_the_rule_compares_each_rank_with_the_median_of_the_others():

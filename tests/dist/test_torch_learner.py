@@ -10,13 +10,15 @@ from __future__ import annotations
 import copy
 import functools
 import warnings
+import weakref
 from datetime import timedelta
 
 import pytest
 import torch
 from torch import nn
 
-from dptrain.dist import DistEnv, Runtime, barrier, init_distributed, resolve_env
+from dptrain.dist import (DistEnv, Runtime, barrier, init_distributed, resolve_env,
+                          shutdown_distributed)
 from dptrain.learners import AllReduceBatchNorm, TorchLearner
 from tests._world import run_world
 
@@ -261,19 +263,36 @@ def _fsdp_checks(rank: int, world_size: int, ckpt_dir: str) -> dict:
     return out
 
 
+def _shutdown_checks(rank: int, world_size: int) -> dict:
+    """Last, since it ends the group: the DDP wrapper (and its reducer) goes before the group."""
+    learner = TorchLearner(_mlp(), nn.MSELoss(), SGD)
+    learner.setup(_runtime(rank, world_size))
+    learner.train_step(_shard(_regression_data(0, 8), rank, world_size))
+    wrapper = weakref.ref(learner.wrapped)
+    shutdown_distributed()
+    try:
+        learner.model_state_dict()
+        error = ""
+    except RuntimeError as err:
+        error = str(err)
+    return {"wrapper_alive": wrapper() is not None, "error_after_shutdown": error}
+
+
 def _all_checks(rank: int, world_size: int, ckpt_dir: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # as strict as pytest's filterwarnings, in the ranks too
         return {"ddp": _ddp_checks(rank, world_size),
-                "fsdp": _fsdp_checks(rank, world_size, ckpt_dir)}
+                "fsdp": _fsdp_checks(rank, world_size, ckpt_dir),
+                "shutdown": _shutdown_checks(rank, world_size)}
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> tuple[str, list[dict], list[dict]]:
+def world(tmp_path_factory) -> tuple[str, list[dict], list[dict], list[dict]]:
     """One 2-rank world for every check below: the first DDP/gloo use costs ~5 s per world."""
     ckpt = str(tmp_path_factory.mktemp("torch_learner") / "sharded")
     results = run_world(_all_checks, ckpt, world_size=2, timeout_s=120)
-    return ckpt, [r["ddp"] for r in results], [r["fsdp"] for r in results]
+    return (ckpt, [r["ddp"] for r in results], [r["fsdp"] for r in results],
+            [r["shutdown"] for r in results])
 
 
 def _same_on_both_ranks(results: list[dict], key: str) -> None:
@@ -337,6 +356,14 @@ def test_model_state_dict_loads_into_a_plain_module(world):
     _mlp(seed=3).load_state_dict(state)
 
 
+def test_the_ddp_wrapper_is_dropped_before_the_group_is_destroyed(world):
+    """Its reducer holds the group from C++; left to interpreter teardown, torch 2.13 aborts
+    finished jobs now and then. A learner used after the shutdown says so."""
+    for rank, r in enumerate(world[3]):
+        assert not r["wrapper_alive"], f"rank {rank}"
+        assert "process group was shut down" in r["error_after_shutdown"], f"rank {rank}"
+
+
 def test_ddp_eval_is_local_and_exact(world):
     """Contract 5: rank 0 evaluates 3 batches, rank 1 one, and nobody hangs."""
     for rank, r in enumerate(world[1]):
@@ -370,7 +397,7 @@ def test_fsdp_eval_with_empty_batches_counts_every_sample_once(world):
 def test_sharded_checkpoint_from_two_ranks_loads_on_one_process(world):
     """A DCP checkpoint written by 2 ranks loads in 1 process (no process group) with optimizer
     and scheduler state: its next step on the global batch equals the 2-rank run's."""
-    ckpt, _, results = world
+    ckpt, _, results, _ = world
     single = _fsdp_learner(seed=9)
     single.setup(init_distributed(resolve_env({})))
     single.load_sharded(ckpt)

@@ -112,6 +112,13 @@ def _csv(tmp: Path, text: str) -> str:
     return f"csv:{tmp / 'table.csv'}"
 
 
+def _series(tmp: Path, values: list[str]) -> str:
+    """A one-series CSV (time, value) with these cells."""
+    (tmp / "sales.csv").write_text("day,sales\n" + "".join(f"{t},{v}\n"
+                                                           for t, v in enumerate(values)))
+    return f"series:{tmp / 'sales.csv'}"
+
+
 def _npz(tmp: Path, **arrays: np.ndarray) -> str:
     np.savez(tmp / "table.npz", **arrays)
     return f"npz:{tmp / 'table.npz'}"
@@ -179,6 +186,15 @@ CASES = {
                              "table.csv: line 3, column 2: not a number: 'x'"),
     "csv-nan-feature": Case(lambda t, o: ["--dataset", _csv(t, _rows(30, nan_at=(5, 1)))], 3,
                             "table.csv: line 6, column 2: nan"),
+    "series-lookback-too-long": Case(lambda t, o: ["--dataset", _series(
+        t, [str(v % 7) for v in range(50)]), "--lookback", "60"], 3,
+        "sales.csv: lookback 60 + horizon 1 need 61 time steps, but the training part has 35"),
+    "series-not-a-number": Case(lambda t, o: ["--dataset", _series(t, ["1", "2", "many"])], 3,
+                                "sales.csv: line 4, column 'sales': not a number: 'many'"),
+    "series-constant": Case(lambda t, o: ["--dataset", _series(t, ["4"] * 50), "--lookback",
+                                          "5"], 3, "sales.csv: series 'sales' is constant"),
+    "series-horizon-zero": Case(lambda t, o: ["--dataset", "sine", "--horizon", "0"], 2,
+                                "horizon: expected an integer >= 1, got 0"),
     "csv-empty": Case(lambda t, o: ["--dataset", _csv(t, "")], 3, "table.csv: empty CSV file"),
     "npz-wrong-shape": Case(lambda t, o: ["--dataset", _npz(
         t, x=np.zeros((10, 2, 2)), y=np.zeros(10))], 3, "table.npz: x must be (N, F)"),

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from dptrain.cli.main import main
-from dptrain.inference import load_run
 from tests._cli import dptrain_cmd, run
+from tests._runs import max_relative_difference
 
 pytestmark = pytest.mark.e2e
 
@@ -46,14 +46,6 @@ def _launch(out: Path, nproc: int, *extra: str, killed: str | None = None) -> st
     else:
         assert result.returncode == 0, result.output
     return result.stdout
-
-
-def _max_relative_difference(run_dir: Path, reference: Path) -> float:
-    ours = load_run(run_dir, which="last").model.state_dict()
-    theirs = load_run(reference, which="last").model.state_dict()
-    assert ours.keys() == theirs.keys()
-    return max(((ours[k].double() - theirs[k].double()).abs().max()
-                / theirs[k].double().abs().max()).item() for k in theirs)
 
 
 def _epochs(out: Path) -> list[dict[str, float]]:
@@ -87,7 +79,7 @@ def test_sum_mode_killed_on_2_ranks_finishes_on_1_and_back_as_if_never_stopped(t
     """float32: 2 ranks -> 1 -> 2, against a 2-rank run that never stopped: <= 1e-5."""
     _launch(tmp_path / "clean", 2)
     out = _chain(tmp_path, (2, 1, 2))
-    gap = _max_relative_difference(out, tmp_path / "clean")
+    gap = max_relative_difference(out, tmp_path / "clean")
     print(f"float32 sum mode, 2 -> 1 -> 2 ranks: max relative difference {gap:.3g}")
     assert gap <= 1e-5
     _same_epochs(out, tmp_path / "clean", rel=1e-4)
@@ -97,7 +89,7 @@ def test_sum_mode_in_float64_killed_on_1_rank_finishes_on_2_and_back(tmp_path):
     """float64: 1 rank -> 2 -> 1, against a 1-rank run that never stopped: <= 1e-10."""
     _launch(tmp_path / "clean", 1, "--precision", "64")
     out = _chain(tmp_path, (1, 2, 1), "--precision", "64")
-    gap = _max_relative_difference(out, tmp_path / "clean")
+    gap = max_relative_difference(out, tmp_path / "clean")
     print(f"float64 sum mode, 1 -> 2 -> 1 ranks: max relative difference {gap:.3g}")
     assert gap <= 1e-10
     _same_epochs(out, tmp_path / "clean", rel=1e-9)
@@ -114,7 +106,7 @@ def test_average_mode_keeps_dividing_by_the_world_size_it_started_on(tmp_path):
     _launch(out, 1, "--average")
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == \
         str(out / "checkpoints" / "step-00000005")
-    gap = _max_relative_difference(out, tmp_path / "clean")
+    gap = max_relative_difference(out, tmp_path / "clean")
     print(f"float32 average mode, 2 -> 1 ranks: max relative difference {gap:.3g}")
     assert gap <= 1e-5
     _same_epochs(out, tmp_path / "clean", rel=1e-4)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, EvenExp, HRCSoftmax, LayerBlock,
-                          LayerNorm, LeakyReLU, Linear, MaxPool2d, MixtureReLU, MixtureSigmoid,
+from dptrain.tagi import (LSTM, AvgPool2d, BatchNorm2d, Conv2d, EvenExp, HRCSoftmax,
+                          LayerBlock, LayerNorm, LeakyReLU, Linear, MaxPool2d, MixtureReLU, MixtureSigmoid,
                           MixtureTanh, OutputUpdater, ReLU, Remax, ResNetBlock, Sequential,
                           Sigmoid, Softplus, Tanh, manual_seed)
 from tests.unit.pytagi_parity import relative_error
@@ -72,6 +72,15 @@ def _resnet() -> Sequential:
                       AvgPool2d(2), Linear(32, 3), dtype=F64)
 
 
+def _lstm() -> Sequential:
+    """Stacked LSTMs over windows of 4 steps (one nested, one without bias) and a Linear head
+    over every step's hidden state; input innovations requested."""
+    net = Sequential(LSTM(3, 5, 4), LayerBlock(LSTM(5, 4, 4, bias=False)), Linear(16, 3),
+                     dtype=F64)
+    net.input_state_update = True
+    return net
+
+
 def _remax() -> Sequential:
     return Sequential(Linear(6, 8), ReLU(), Linear(8, 4), Remax(), dtype=F64)
 
@@ -114,6 +123,7 @@ FAMILIES: dict[str, tuple[Callable[[], Sequential], tuple[int, ...], tuple[str, 
     "remax": (_remax, (6,), ("one_hot", 4), _standard),
     "hrc": (_hrc, (6,), ("labels", 10), _by_index),
     "heteros": (_heteros, (2,), ("normal", 1), _heteroscedastic),
+    "lstm": (_lstm, (4, 3), ("normal", 3), _standard),
 }
 
 

@@ -36,6 +36,10 @@ from dptrain.tagi import Layer, OutputUpdater, Sequential, cap_factor
 from dptrain.tagi.base import VAR_FLOOR
 
 FIXTURES = Path(__file__).resolve().parent.parent / "data" / "pytagi_fixtures.npz"
+#: The LSTM cases (make_pytagi_fixtures.py --family lstm): `load_case(name, LSTM_FIXTURES)`.
+LSTM_FIXTURES = FIXTURES.with_name("pytagi_fixtures_lstm.npz")
+#: The Embedding and SLSTM cases (make_pytagi_fixtures.py --family seq).
+SEQ_FIXTURES = FIXTURES.with_name("pytagi_fixtures_seq.npz")
 PARAM_NAMES = ("mu_w", "var_w", "mu_b", "var_b")
 #: pytagi computes in float32, so its own rounding bounds the agreement: our float64 and float32
 #: replays both stay within 1e-5 of it on every case (worst seen about 7e-6) except the one
@@ -44,14 +48,14 @@ PARAM_NAMES = ("mu_w", "var_w", "mu_b", "var_b")
 RTOL = 1e-5
 
 
-@lru_cache(maxsize=1)
-def _all_arrays() -> dict[str, np.ndarray]:
-    with np.load(FIXTURES) as data:
+@lru_cache(maxsize=4)
+def _all_arrays(fixtures: Path = FIXTURES) -> dict[str, np.ndarray]:
+    with np.load(fixtures) as data:
         return {key: data[key] for key in data.files}
 
 
-def case_names() -> list[str]:
-    return sorted({key.split("/", 1)[0] for key in _all_arrays()})
+def case_names(fixtures: Path = FIXTURES) -> list[str]:
+    return sorted({key.split("/", 1)[0] for key in _all_arrays(fixtures)})
 
 
 @dataclass(frozen=True)
@@ -89,13 +93,13 @@ class Case:
         return self.group(f"step{k}/norm")
 
 
-def load_case(name: str) -> Case:
-    """The arrays stored under the key prefix `<name>/`."""
+def load_case(name: str, fixtures: Path = FIXTURES) -> Case:
+    """The arrays stored under the key prefix `<name>/` of the file `fixtures`."""
     prefix = name + "/"
-    arrays = {key[len(prefix):]: value for key, value in _all_arrays().items()
+    arrays = {key[len(prefix):]: value for key, value in _all_arrays(fixtures).items()
               if key.startswith(prefix)}
     if not arrays:
-        raise KeyError(f"no case {name!r} in {FIXTURES.name}; cases: {case_names()}")
+        raise KeyError(f"no case {name!r} in {fixtures.name}; cases: {case_names(fixtures)}")
     return Case(name, arrays)
 
 

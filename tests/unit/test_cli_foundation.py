@@ -33,11 +33,18 @@ def test_multi_node_dynamic_and_static_rendezvous(tmp_path):
                                      "head:29400", str(script)))
     assert {"--rdzv-backend=static", "--node-rank=1", "--master-addr=head",
             "--master-port=29400"} <= set(static)
+    elastic = torchrun_argv(_run_args("--nnodes", "1:4", "--rdzv-endpoint", "head:29400",
+                                      "--rdzv-id", "exp1", str(script)))
+    assert {"--nnodes=1:4", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400",
+            "--rdzv-id=exp1"} <= set(elastic)
 
 
 @pytest.mark.parametrize("argv,message", [
     (["-n", "0", "SCRIPT"], "--nproc must be >= 1"),
     (["--nnodes", "2", "SCRIPT"], "needs --rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "3:2", "SCRIPT"], "nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX"),
+    (["--nnodes", "1:2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "SCRIPT"],
+     "static rendezvous needs a fixed --nnodes N, got 1:2"),
     (["--max-restarts", "-1", "SCRIPT"], "--max-restarts must be >= 0"),
     (["missing.py"], "script not found: missing.py"),
 ])

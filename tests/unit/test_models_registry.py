@@ -33,6 +33,10 @@ def test_every_builtin_model_is_sized_from_the_data(name, shape):
         with pytest.raises(ConfigError, match="multiple of 8"):
             check_input(name, shape)
         return
+    if spec.takes_windows and len(shape) > 2:  # a sequence model: (lookback, features) at most
+        with pytest.raises(ConfigError, match=rf"model {name} takes windows of a time series"):
+            check_input(name, shape)
+        return
     outputs = 11 if spec.kind == "tagi" else 10
     model = build_model(name, shape, outputs, ModelOptions(width=4, hidden=16))
     out = _forward(model, spec.kind, torch.randn(3, *shape))

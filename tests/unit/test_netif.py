@@ -101,7 +101,7 @@ def test_nproc_per_node_is_an_alias_of_nproc(tmp_path):
 def test_the_launcher_passes_this_nodes_address_to_the_agent(monkeypatch):
     for var in IFNAME_VARS:
         monkeypatch.delenv(var, raising=False)
-    assert _network_interface(None, 1) == []  # one node: the agent's defaults are right
+    assert _network_interface(None, 1) == ([], {})  # one node: the agent's defaults are right
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
 
 

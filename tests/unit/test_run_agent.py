@@ -9,9 +9,11 @@ The workers are tiny `python -c` scripts (no torch import), so each test costs a
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,10 +22,13 @@ from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
+from dptrain.cli import job_end
 from dptrain.cli.agent import EXPECTED_EXIT_CODES, agent_class, expected_error, \
     replace_unreadable_error_file, root_cause, unreadable_error_file
+from dptrain.cli.run import _rendezvous_failed, _wait_for_the_rendezvous
 from dptrain.errors import ConfigError
 
 # What torch's ErrorHandler had written of a RankFailure record when its writer was stopped.
@@ -80,11 +85,12 @@ def _agent_environment(monkeypatch):
         monkeypatch.delenv(name)
 
 
-def _agent(tmp_path: Path, nproc: int, max_restarts: int = 3, port: int = 0):
+def _agent(tmp_path: Path, nproc: int, max_restarts: int = 3, port: int = 0,
+           end_record: Path | None = None):
     spec = WorkerSpec(role="trainer", local_world_size=nproc, entrypoint=sys.executable,
                       rdzv_handler=StaticTCPRendezvous("localhost", port, 0, 1, "t", 30),
                       max_restarts=max_restarts, monitor_interval=0.05)
-    agent = agent_class("run")
+    agent = agent_class("run", end_record)
     return agent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
 
 
@@ -204,3 +210,77 @@ def test_an_expected_error_is_not_retried_by_torchs_own_run_loop(tmp_path):
     assert result.state == WorkerState.FAILED
     assert EXPECTED_EXIT_CODES[result.failures[0].exitcode] == "ConfigError"
     assert attempts.read_text() == "x", "an expected error was retried"
+
+
+@pytest.mark.timeout(90)
+def test_the_agent_records_the_end_of_its_job(tmp_path):
+    """An elastic job's agents write its end into the run directory (dptrain.cli.job_end)
+    when torch's run loop returns, before the launcher closes the rendezvous: succeeded, or
+    the failure's one line. torch's real run loop and rendezvous; rendezvous id "t"."""
+    for name, code, expected in [("ok", "0", "every worker finished"),
+                                 ("failed", "3", "rank 0 failed (exit code 3)")]:
+        record = tmp_path / name / "ended-t.json"
+        agent = _agent(tmp_path, nproc=1, max_restarts=0, port=_free_port(), end_record=record)
+        agent._worker_group.spec.args = ("-c", f"import sys; sys.exit({code})")
+        agent.run()
+        ended = job_end.read(record)
+        assert (ended.rdzv_id, ended.succeeded, ended.reason) == ("t", code == "0", expected)
+    assert "_restart_workers" in dir(LocalElasticAgent), \
+        "torch.distributed.elastic: SimpleElasticAgent._restart_workers moved; " \
+        "dptrain.cli.agent.DptrainAgent announces a node's join there"
+
+
+def test_a_node_that_finds_the_rendezvous_closed_says_why_in_one_line(tmp_path, capsys):
+    """A node waiting to join when the job ends finds torch's rendezvous closed: one line,
+    the job's end record when it is there (0: the job succeeded), else torch's reason."""
+    record = job_end.record_path(tmp_path, "exp 1")
+    assert record == tmp_path / "ended-exp-1.json"
+    closed = RendezvousClosedError()
+    assert _rendezvous_failed(closed, "train", "head:29400", record) == 1
+    assert capsys.readouterr().err == "dptrain train: the rendezvous at head:29400 is closed: " \
+        "its job has ended; nothing to join\n"
+    job_end.write(record, rdzv_id="exp 1", succeeded=True, reason="every worker finished")
+    assert _rendezvous_failed(closed, "train", "head:29400", record) == 0
+    line = capsys.readouterr().err
+    assert re.fullmatch(r"dptrain train: the elastic job 'exp 1' ended at \d{4}-\d\d-\d\d "
+                        r"\d\d:\d\d:\d\d \(succeeded; .*ended-exp-1.json\); nothing to join. A "
+                        r"new job in this run directory needs another --rdzv-id\n", line), line
+    job_end.write(record, rdzv_id="exp 1", succeeded=False, reason="rank 1 failed (exit code 3)")
+    lost = RendezvousConnectionError("The connection to the C10d store has failed.")
+    assert _rendezvous_failed(lost, "train", "head:29400", record) == 1
+    assert "(failed: rank 1 failed (exit code 3); " in capsys.readouterr().err
+    record.write_text("{")  # not a record: what torch said
+    assert _rendezvous_failed(lost, "train", "head:29400", record) == 1
+    assert capsys.readouterr().err.startswith(
+        "dptrain train: the rendezvous at head:29400 failed: RendezvousConnectionError: The "
+        "connection to the C10d store has failed.")
+
+
+@pytest.mark.timeout(60)
+def test_a_node_waiting_for_the_rendezvous_host_stops_when_the_job_has_ended(tmp_path, capsys):
+    """A node that does not serve the rendezvous waits for the node that does (in Python: no
+    C++ retry traces) until it answers, or the job's end record appears (the job ended before
+    this node came: it exits at once, 0 as the job succeeded), or the timeout (one line)."""
+    record = job_end.record_path(tmp_path, "j")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        endpoint = f"127.0.0.1:{unused.getsockname()[1]}"
+        started = time.monotonic()
+        assert _wait_for_the_rendezvous("train", endpoint, 1, record) == 1
+        assert 1 <= time.monotonic() - started < 10
+        assert capsys.readouterr().err.startswith(
+            f"dptrain train: nothing answered at {endpoint} ([Errno 111] Connection refused) "
+            f"within 1 s: is the node it names up?")
+        writer = threading.Timer(0.5, job_end.write, args=(record,), kwargs=dict(
+            rdzv_id="j", succeeded=True, reason="every worker finished"))
+        writer.start()
+        started = time.monotonic()
+        assert _wait_for_the_rendezvous("train", endpoint, 30, record) == 0
+        assert time.monotonic() - started < 5
+        writer.join()
+        assert "the elastic job 'j' ended at " in capsys.readouterr().err
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        endpoint = f"127.0.0.1:{server.getsockname()[1]}"
+        assert _wait_for_the_rendezvous("train", endpoint, 30, record) is None

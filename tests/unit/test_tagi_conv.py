@@ -384,7 +384,7 @@ def test_package_docstring_cnn_example_runs():
 
     import dptrain.tagi
 
-    example = dptrain.tagi.__doc__.split("::")[2]
+    example = dptrain.tagi.__doc__.split("::")[2].split("\nSequence networks")[0]
     namespace: dict = {name: getattr(dptrain.tagi, name) for name in dptrain.tagi.__all__}
     namespace["torch"] = torch
     exec(textwrap.dedent(example), namespace)  # noqa: S102

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dptrain.cli.main import build_parser
-from dptrain.cli.run import rendezvous_argv
-from dptrain.cli.train import options_from_args
+from dptrain.cli.run import rendezvous_argv, rendezvous_conf
+from dptrain.cli.train import job_world_sizes, options_from_args
+from dptrain.dist import resolve_env
+from dptrain.dist.launch import NodeRange
 from dptrain.errors import ConfigError
+from dptrain.train.options import check_batch_split
 
 
 def _options(*argv):
@@ -18,14 +21,30 @@ def test_train_takes_the_same_rendezvous_options_as_run():
     options = _options("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "head:29400",
                        "--rdzv-id", "job7")
     assert (options.nnodes, options.node_rank, options.rdzv_endpoint, options.rdzv_id) == \
-        (2, 1, "head:29400", "job7")
-    assert _options().nnodes == 1 and _options().node_rank == -1
+        ("2", 1, "head:29400", "job7")
+    assert _options().nnodes == "1" and _options().node_rank == -1
+    elastic = _options("--nnodes", "1:2", "--rdzv-endpoint", "head:29400", "--out", "r")
+    assert (elastic.nodes.min_nodes, elastic.nodes.max_nodes, elastic.nodes.elastic) == \
+        (1, 2, True)
+    assert _options("--nnodes", "2:2", "--rdzv-endpoint", "h:1").nnodes == "2"  # fixed
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--nnodes", "2"], "nnodes 2 needs rdzv-endpoint HOST:PORT"),
-    (["--nnodes", "0"], "nnodes: expected an integer >= 1"),
+    (["--nnodes", "0"], "nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got '0'"),
+    (["--nnodes", "2:1"], "nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got '2:1'"),
+    (["--nnodes", "0:2"], "got '0:2'"),
+    (["--nnodes", "1:2:3"], "got '1:2:3'"),
+    (["--nnodes", "two"], "got 'two'"),
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "node-rank: expected"),
+    (["--nnodes", "1:2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--out", "r"],
+     "node-rank 0: a static rendezvous needs a fixed nnodes N, got 1:2"),
+    (["--nnodes", "1:2", "--out", "r"], "nnodes 1:2 needs rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "1:2", "--rdzv-endpoint", "h:1"], "nnodes 1:2 \\(elastic\\) needs out DIR"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "last_call=5"],
+     "rdzv-conf: expected KEY=VALUE items with KEY one of join_timeout"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "last_call_timeout=0.5"],
+     "rdzv-conf: last_call_timeout must be a whole number"),
 ])
 def test_bad_rendezvous_options_are_one_line(argv, message):
     with pytest.raises(ConfigError, match=message):
@@ -33,10 +52,37 @@ def test_bad_rendezvous_options_are_one_line(argv, message):
 
 
 def test_rendezvous_argv_static_dynamic_standalone():
-    assert rendezvous_argv(1, None, None, "x") == ["--standalone"]
-    assert rendezvous_argv(2, 0, "[fd00::1]:29400", "x") == [
+    one, two = NodeRange(1, 1), NodeRange(2, 2)
+    assert rendezvous_argv(one, None, None, "x") == ["--standalone"]
+    assert rendezvous_argv(two, 0, "[fd00::1]:29400", "x") == [
         "--nnodes=2", "--rdzv-backend=static", "--node-rank=0", "--master-addr=fd00::1",
         "--master-port=29400"]
-    assert "--rdzv-backend=c10d" in rendezvous_argv(2, None, "head:29400", "x")
+    assert "--rdzv-backend=c10d" in rendezvous_argv(two, None, "head:29400", "x")
     with pytest.raises(ConfigError, match="port must be a number"):
-        rendezvous_argv(2, None, "head:http", "x")
+        rendezvous_argv(two, None, "head:http", "x")
+    assert rendezvous_argv(NodeRange(1, 3), None, "head:29400", "job7") == [
+        "--nnodes=1:3", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=job7"]
+    with pytest.raises(ConfigError, match="static rendezvous needs a fixed --nnodes N"):
+        rendezvous_argv(NodeRange(1, 3), 0, "head:29400", "x")
+
+
+def test_the_rendezvous_waits_as_long_as_timeout_unless_told_otherwise():
+    """--timeout bounds the start-up rendezvous: torch's join and store timeouts (whole
+    seconds); --rdzv-conf wins."""
+    assert rendezvous_conf("", 2.5) == {"join_timeout": "3", "read_timeout": "3"}
+    assert rendezvous_conf("last_call_timeout=5, join_timeout=60", 300) == {
+        "join_timeout": "60", "read_timeout": "300", "last_call_timeout": "5"}
+    assert rendezvous_conf("") == {}
+
+
+def test_every_world_size_of_an_elastic_job_must_split_the_batch():
+    """The global batch stays the same whatever the number of nodes: a range with a world
+    size it does not divide is refused before anything starts, naming the sizes that work."""
+    single = resolve_env({})
+    options = _options("--nnodes", "1:3", "--nproc", "2", "--rdzv-endpoint", "h:1", "--out",
+                       "r", "--batch-size", "32")
+    assert [size for size, _ in job_world_sizes(options, single)] == [2, 4, 6]
+    with pytest.raises(ConfigError, match=r"world size 6 \(3 node\(s\) of --nnodes 1:3 x "
+                                          r"--nproc 2\).*world sizes that work: 1, 2, 4, 8"):
+        for size, source in job_world_sizes(options, single):
+            check_batch_split(options.batch_size, size, source)

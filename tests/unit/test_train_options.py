@@ -145,19 +145,19 @@ def test_missing_config_file_is_named(tmp_path):
 
 def test_the_batch_split_is_checked_against_the_real_world_size():
     """Under a launcher the world size is the launcher's, not --nproc (default 2)."""
-    from dptrain.cli.train import job_world_size
+    from dptrain.cli.train import job_world_sizes
     from dptrain.train.options import check_batch_split
     from dptrain.dist import resolve_env
 
     under_torchrun = resolve_env({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "h",
                                   "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "j"})
     o = _options("--batch-size", "33")  # not divisible by --nproc 2, but by the 3 processes
-    assert job_world_size(o, under_torchrun) == (3, "from torchrun")
-    check_batch_split(o.batch_size, *job_world_size(o, under_torchrun))
+    assert job_world_sizes(o, under_torchrun) == [(3, "from torchrun")]
+    check_batch_split(o.batch_size, *job_world_sizes(o, under_torchrun)[0])
     o = _options("--batch-size", "32")
     with pytest.raises(ConfigError, match=r"batch-size 32 must be divisible by the world size 3 "
                                           r"\(from torchrun\)"):
-        check_batch_split(o.batch_size, *job_world_size(o, under_torchrun))
+        check_batch_split(o.batch_size, *job_world_sizes(o, under_torchrun)[0])
     with pytest.raises(ConfigError, match=r"batch-size 33 must be divisible by the world size 2 "
                                           r"\(--nproc 2\)"):
-        check_batch_split(33, *job_world_size(o, resolve_env({})))
+        check_batch_split(33, *job_world_sizes(o, resolve_env({}))[0])

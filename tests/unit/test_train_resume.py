@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.cli.main import main
-from dptrain.train.options import RESUMABLE_OPTIONS, TrainOptions, run_record
+from dptrain.train.options import RESUMABLE_OPTIONS, RUN_DEFAULTS, TrainOptions, run_record
 from dptrain.data import load_digits
 from dptrain.dist import init_distributed
 from dptrain.errors import CheckpointError
@@ -27,12 +27,25 @@ def test_differences_name_each_option_with_both_values():
     saved = {"hidden": 128, "dataset": "digits", "lr": 0.003, "parameter_layout": "aaa"}
     now = {"hidden": 64, "dataset": "csv:my data.csv", "lr": 0.003, "parameter_layout": "bbb",
            "dropout": 0.1}
+    # dropout is missing from the saved record: compared as its default
     assert differences(saved, now) == ['dataset digits -> "csv:my data.csv"',
-                                       "dropout (unset) -> 0.1", "hidden 128 -> 64"]
+                                       "dropout 0.0 -> 0.1", "hidden 128 -> 64"]
+    assert differences({"seed": 0}, {"seed": 0, "my_option": 1}) == ["my-option (unset) -> 1"]
     # The layout is named only when no option explains it (a library user without a record).
     assert differences({"parameter_layout": "aaa"}, {"parameter_layout": "bbb"}) == \
         ["model parameters (names, shapes, dtypes) aaa -> bbb"]
     assert differences({"seed": 0, "xs": (1, 2)}, {"seed": 0, "xs": [1, 2]}) == []
+
+
+def test_an_option_newer_than_the_checkpoint_matches_its_default():
+    """A run saved before `lookback` existed resumes while lookback stays at its default; set
+    to something else, it is another run."""
+    current = run_record(TrainOptions(dataset="digits"))
+    saved = {k: v for k, v in current.items() if k not in ("lookback", "horizon")}
+    assert differences(saved, current) == []
+    other = run_record(TrainOptions(dataset="sine", lookback=12))
+    saved = {k: v for k, v in other.items() if k != "lookback"}
+    assert differences(saved, other) == [f"lookback {RUN_DEFAULTS['lookback']} -> 12"]
 
 
 def test_mid_epoch_metric_sums_continue_on_any_world_size():

@@ -12,11 +12,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from dptrain.cli import job_end
 from dptrain.dist.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
 from dptrain.errors import (CheckpointError, ConfigError, DataError, NonFiniteLoss,
                             TrainingCollapsed)
@@ -98,6 +100,14 @@ def expected_error(failure: object) -> str | None:
     text = _text(getattr(failure, "message", None))
     prefix = f"{name}: "
     return text[len(prefix):] if name and text.startswith(prefix) else None
+
+
+def _failure_line(failures: dict) -> str:
+    """A failed attempt in one line: an expected error's own (`rank 1: ...`), else
+    `failure_summary`'s."""
+    rank, failure = root_cause(failures)
+    text = expected_error(failure)
+    return f"rank {rank}: {text}" if text is not None else failure_summary(failures)
 
 
 def unreadable_error_file(path: str, exitcode: int) -> str | None:
@@ -186,6 +196,8 @@ class DptrainAgent(LocalElasticAgent):
 
     command = "run"
     """The dptrain command whose workers this agent runs (named in its lines)."""
+    end_record: str | None = None
+    """An elastic job's end record in its run directory (`dptrain.cli.job_end`), else None."""
     started = 0.0
     """When the launcher started (the run label a node offers)."""
     _first_failure_at: float | None = None
@@ -195,6 +207,34 @@ class DptrainAgent(LocalElasticAgent):
     _next_look = 0.0
     _newer: tuple[int, float] | None = None
     """(attempt, when seen) of another node's restart, while this node's workers run."""
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """torch's run; for an elastic job its end is recorded before torch's launcher closes
+        the rendezvous, so that a node that finds it closed (or gone) finds why."""
+        try:
+            result = super().run(role)
+        except JobStopped as err:
+            self._record_end(succeeded=False, reason=str(err))
+            raise
+        if result is not None:  # None: torch's graceful exit, this node was never needed
+            self._record_end(succeeded=not result.is_failed(), reason=(
+                _failure_line(result.failures) if result.is_failed() else
+                "every worker finished"))
+        return result
+
+    def _record_end(self, *, succeeded: bool, reason: str) -> None:
+        if self.end_record:
+            rdzv_id = self._worker_group.spec.rdzv_handler.get_run_id()
+            job_end.write(Path(self.end_record), rdzv_id=rdzv_id, succeeded=succeeded,
+                          reason=reason)
+
+    def _restart_workers(self, worker_group) -> None:
+        if worker_group.state == WorkerState.HEALTHY:  # torch restarts healthy workers only
+            # when nodes wait to join (its run loop; not counted against --max-restarts)
+            print(f"dptrain {self.command}: node(s) waiting to join the job; restarting every "
+                  f"worker to take them in (not counted as a restart)", file=sys.stderr,
+                  flush=True)
+        super()._restart_workers(worker_group)
 
     def _monitor_workers(self, worker_group):
         if self._survivors_reporting():
@@ -248,10 +288,12 @@ class DptrainAgent(LocalElasticAgent):
         os.environ[ATTEMPT_ENV] = str(self._attempt)
 
     def _agree_on_the_label(self) -> None:
-        """The first agent's start time wins; each offers the label it holds, so a restart
-        (a new round of a dynamic rendezvous, whose keys are the round's) keeps it."""
+        """The first agent's start time wins; each offers the label it holds."""
         offered = self._label or stamp(self.started)
-        self._label = self._store.compare_set("dptrain/run-label", "", offered).decode()
+        # A dynamic rendezvous hands out a store under the round's prefix: the label goes in
+        # the job's store, or a node that joins a later round could win with its own clock.
+        store = getattr(self._store, "underlying_store", self._store)
+        self._label = store.compare_set("dptrain/run-label", "", offered).decode()
         os.environ[RUN_LABEL_ENV] = self._label
 
     def _join_newer_attempt(self) -> bool:
@@ -336,22 +378,24 @@ class DptrainAgent(LocalElasticAgent):
 
 
 
-def agent_class(command: str) -> type:
+def agent_class(command: str, end_record: Path | None = None) -> type:
     """The agent class `launch` hands torch's launcher for `dptrain COMMAND`: `DptrainAgent`,
     or torch's own where torch moved the private hook it overrides (a test fails then)."""
     if not hasattr(LocalElasticAgent, "_monitor_workers"):
         return LocalElasticAgent
-    return type("DptrainAgent", (DptrainAgent,), {"command": command, "started": time.time()})
+    return type("DptrainAgent", (DptrainAgent,), {
+        "command": command, "started": time.time(),
+        "end_record": str(end_record) if end_record else None})
 
 
 @contextlib.contextmanager
-def _our_agent(command: str) -> Iterator[None]:
+def _our_agent(command: str, end_record: Path | None = None) -> Iterator[None]:
     """Run torchrun's launcher with `agent_class` and without the agent's own failure log
     lines (we report the failure once, below), unless the user asked for LOGLEVEL."""
     import torch.distributed.launcher.api as launcher_api
 
     original = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = agent_class(command)
+    launcher_api.LocalElasticAgent = agent_class(command, end_record)
     quieted = []
     if "LOGLEVEL" not in os.environ:
         for name, logger in list(logging.root.manager.loggerDict.items()):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from dptrain.inference import load_run, write_predictions
+from typing import Any
+
+from dptrain.inference import TrainedRun, load_run, write_forecast, write_predictions
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -12,7 +14,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "predict", help="predict with a trained run (one process), write a CSV",
         description="Load the best (or last) checkpoint of a dptrain train run and write one "
                     "row per test sample: class probabilities (TAGI: with their variance), or "
-                    "regression mean and variance in the data's units.")
+                    "regression mean and variance in the data's units; for a time series "
+                    "the forecast of its test part, one row per series and time step.")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--data", metavar="DATASET",
                    help="a dataset spelling as for dptrain train --dataset (default: the run's "
@@ -25,6 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def predict_command(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, which=args.checkpoint)
+    series = run.load_data().series
+    # a torch model gives no variance to feed back: its windows are predicted one by one
+    if series is not None and run.kind == "tagi" and args.data is None and args.part == "test":
+        return forecast_command(run, series, args.out)
     split = run.load_data(args.data)
     prediction = run.predict_split(split, args.part)
     write_predictions(args.out, prediction, run.task)
@@ -37,4 +44,17 @@ def predict_command(args: argparse.Namespace) -> int:
         shown = f", rmse {rmse:.4g}"
     print(f"dptrain predict: {len(prediction.mean)} {args.part} samples of "
           f"{args.data or run.dataset} with {run.checkpoint}{shown} -> {args.out}")
+    return 0
+
+
+def forecast_command(run: TrainedRun, series: Any, out: str) -> int:
+    """A time-series run: the recursive forecast of its test part, one row per series and
+    time step."""
+    forecast = run.forecast()
+    write_forecast(out, forecast, series)
+    seen = forecast.observed == forecast.observed  # not NaN
+    rmse = ((forecast.mean - forecast.observed)[seen] ** 2).mean().sqrt().item()
+    print(f"dptrain predict: forecast of {forecast.mean.shape[1]} test step(s) of "
+          f"{len(series.names)} series of {run.dataset} with {run.checkpoint}, rmse "
+          f"{rmse:.4g} -> {out}")
     return 0

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
+from pathlib import Path
 
+from dptrain.dist.launch import NodeRange, rendezvous_settings
 from dptrain.dist.threads import ThreadShare, env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError
 
@@ -24,12 +27,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "on every node for more. A failing worker stops the whole job, named.")
     p.add_argument("-n", "--nproc", "--nproc-per-node", dest="nproc", type=int, default=None,
                    help="processes per node (default: CUDA devices, or 1 without CUDA)")
-    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--nnodes", default="1", metavar="N|MIN:MAX",
+                   help="number of nodes (default 1); MIN:MAX: elastic, the job goes on "
+                        "without a lost node and takes in one that comes")
     p.add_argument("--node-rank", type=int, default=None,
                    help="this node's rank; with it the rendezvous is static, else dynamic")
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="rendezvous host:port reachable from every node (required if --nnodes>1)")
     p.add_argument("--rdzv-id", default="dptrain", help="job id shared by all nodes")
+    p.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
+                   help="settings of torch's dynamic rendezvous (e.g. last_call_timeout=30)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart every worker up to K times after a failure (default 0)")
     p.add_argument("--threads", type=int, default=0,
@@ -59,19 +66,19 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if not os.path.isfile(args.script):
         raise ConfigError(f"script not found: {args.script}")
+    nodes = NodeRange.parse(args.nnodes)
     argv = [f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}",
-            *rendezvous_argv(args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)]
+            *rendezvous_argv(nodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)]
     # The worker wrapper records a raising script's traceback for the agent's failure report.
     return [*argv, "-m", "dptrain.cli.worker", args.script, *args.script_args]
 
 
-def rendezvous_argv(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
+def rendezvous_argv(nodes: NodeRange, node_rank: int | None, rdzv_endpoint: str | None,
                     rdzv_id: str) -> list[str]:
     """torchrun's rendezvous options: standalone on one node, else static (a node rank given)
-    or dynamic (c10d) at the endpoint. Shared by `dptrain run` and `dptrain train`."""
-    if nnodes < 1:
-        raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
-    if nnodes == 1 and not rdzv_endpoint:
+    or dynamic (c10d) at the endpoint, elastic when `nodes` is a range. Shared by `dptrain run`
+    and `dptrain train`."""
+    if nodes.max_nodes == 1 and not rdzv_endpoint:
         return ["--standalone"]
     if not rdzv_endpoint or ":" not in rdzv_endpoint:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, the same on every "
@@ -79,10 +86,14 @@ def rendezvous_argv(nnodes: int, node_rank: int | None, rdzv_endpoint: str | Non
     host, _, port = rdzv_endpoint.rpartition(":")
     if not port.isdigit():
         raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r}: the port must be a number")
-    argv = [f"--nnodes={nnodes}"]
+    argv = [f"--nnodes={nodes}"]
     if node_rank is not None:
-        if not 0 <= node_rank < nnodes:
-            raise ConfigError(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
+        if nodes.elastic:
+            raise ConfigError(f"--node-rank {node_rank}: a static rendezvous needs a fixed "
+                              f"--nnodes N, got {nodes}; leave --node-rank out for an elastic "
+                              f"job")
+        if not 0 <= node_rank < nodes.max_nodes:
+            raise ConfigError(f"--node-rank must be in [0, {nodes.max_nodes}), got {node_rank}")
         return [*argv, "--rdzv-backend=static", f"--node-rank={node_rank}",
                 f"--master-addr={host.strip('[]')}", f"--master-port={port}"]
     return [*argv, "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
@@ -96,22 +107,34 @@ def rendezvous_host(rdzv_endpoint: str | None) -> str:
     return rdzv_endpoint.rpartition(":")[0].strip("[]")
 
 
-def _network_interface(rdzv_endpoint: str | None, nnodes: int) -> list[str]:
+def rendezvous_conf(user_conf: str, timeout_s: float | None = None) -> dict[str, str]:
+    """torch's c10d rendezvous settings: `timeout_s` (dptrain train's --timeout) as the time to
+    wait for the first MIN nodes (join_timeout) and for the store's host (read_timeout), then
+    the user's `KEY=VALUE,...`, which win."""
+    conf = {}
+    if timeout_s is not None:
+        seconds = str(max(1, math.ceil(timeout_s)))  # torch reads whole seconds
+        conf.update(join_timeout=seconds, read_timeout=seconds)
+    return {**conf, **rendezvous_settings(user_conf)}
+
+
+def _network_interface(rdzv_endpoint: str | None, max_nodes: int
+                       ) -> tuple[list[str], dict[str, str]]:
     """Export the interface that reaches the rendezvous host for every worker's gloo/NCCL, and
     on several nodes tell the agent this node's address on it (torch's default, the host name,
-    may resolve to the loopback); extra torchrun options."""
+    may resolve to the loopback); extra torchrun options and rendezvous settings."""
     from dptrain.dist.netif import export_interface, is_this_machine
 
     host = rendezvous_host(rdzv_endpoint)
-    choice = export_interface(host, multi_node=nnodes > 1)
-    if nnodes == 1:
-        return []
+    choice = export_interface(host, multi_node=max_nodes > 1)
+    if max_nodes == 1:
+        return [], {}
     print(f"dptrain: network interface {choice.name or '(left to the backends)'}: "
           f"{choice.reason}", file=sys.stderr, flush=True)
     extra = [f"--local-addr={choice.address}"] if choice.address else []
     # A dynamic rendezvous is served by the node the endpoint names; torch recognises it by
     # its host name's addresses, which miss it when that name resolves to the loopback.
-    return [*extra, f"--rdzv-conf=is_host={int(is_this_machine(host))}"]
+    return extra, {"is_host": str(int(is_this_machine(host)))}
 
 
 def thread_environment(nproc: int, environ: dict[str, str] | os._Environ,
@@ -138,12 +161,12 @@ def thread_environment(nproc: int, environ: dict[str, str] | os._Environ,
     return out
 
 
-def _worker_environment(nproc: int, nnodes: int) -> None:
+def _worker_environment(nproc: int, max_nodes: int) -> None:
     """Variables the agent passes on to every worker, unless the user set them."""
     from dptrain.dist.collectives import ROLL_CALL_ENV
 
     os.environ.update(thread_environment(nproc, os.environ))
-    if nnodes == 1:
+    if max_nodes == 1:
         # This agent watches every rank and names the one that died: a survivor reports its
         # lost peer at once instead of waiting for a roll call (dptrain.dist.collectives).
         os.environ.setdefault(ROLL_CALL_ENV, "off")
@@ -156,22 +179,38 @@ def _worker_environment(nproc: int, nnodes: int) -> None:
 
 
 def launch(argv: list[str], nproc: int, command: str = "run", *,
-           rdzv_endpoint: str | None = None, nnodes: int = 1) -> int:
+           rdzv_endpoint: str | None = None, max_nodes: int = 1,
+           rdzv_conf: dict[str, str] | None = None, end_record: Path | None = None) -> int:
     """Run torchrun's agent with `argv` in this process. Returns 0; an expected error's own
     status with its one line; 1 naming the failed rank; or 128 + N after signal N (SIGTERM,
-    Ctrl-C), the agent having stopped the workers."""
+    Ctrl-C), the agent having stopped the workers. `end_record`: where an elastic job's agents
+    record its end (`dptrain.cli.job_end`) and where a node that finds the rendezvous closed
+    or gone reads why."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
     from dptrain.cli.agent import JobStopped, _describe, _lost_peer, _our_agent, \
         expected_error, root_cause
 
-    _worker_environment(nproc, nnodes)
-    argv = [*_network_interface(rdzv_endpoint, nnodes), *argv]
+    _worker_environment(nproc, max_nodes)
+    extra, conf = _network_interface(rdzv_endpoint, max_nodes)
+    conf.update(rdzv_conf or {})
+    if conf:
+        extra.append(f"--rdzv-conf={','.join(f'{k}={v}' for k, v in conf.items())}")
+    argv = [*extra, *argv]
+    if conf.get("is_host") == "0" and "--rdzv-backend=c10d" in argv:
+        status = _wait_for_the_rendezvous(command, rdzv_endpoint or "",
+                                          int(conf.get("read_timeout", STORE_TIMEOUT_S)),
+                                          end_record)
+        if status is not None:
+            return status
     try:
-        with _our_agent(command):
+        with _our_agent(command, end_record):
             run(get_args_parser().parse_args(argv))
+    except RendezvousError as err:
+        return _rendezvous_failed(err, command, rdzv_endpoint, end_record)
     except ChildFailedError as err:
         rank, failure = root_cause(err.failures)
         text = expected_error(failure)
@@ -198,6 +237,55 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
     return 0
 
 
+STORE_TIMEOUT_S = 60
+"""torch's default read_timeout of the c10d rendezvous store, its wait for the store's host."""
+
+
+def _wait_for_the_rendezvous(command: str, rdzv_endpoint: str, timeout_s: int,
+                             end_record: Path | None) -> int | None:
+    """A node that does not serve the dynamic rendezvous first waits, here, for the node that
+    does: torch's C++ store client would print a stack trace at every retry. It stops waiting
+    when the job's end record appears instead (the job ended before this node came). None when
+    the endpoint answers; else the exit status, its one line printed."""
+    from dptrain.cli import job_end
+    from dptrain.dist.netif import wait_for_listener
+
+    host, _, port = rdzv_endpoint.rpartition(":")
+    try:
+        if wait_for_listener(host.strip("[]"), int(port), timeout_s, give_up=lambda: (
+                end_record is not None and job_end.read(end_record) is not None)):
+            return None
+    except TimeoutError as err:
+        print(f"dptrain {command}: {err} within {timeout_s} s: is the node it names up? It "
+              f"serves the rendezvous", file=sys.stderr)
+        return 1
+    return job_end.report(command, end_record)
+
+
+def _rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
+                       end_record: Path | None) -> int:
+    """One line for a rendezvous that closed or failed under this node (torch's own is a
+    traceback): the job's end record when there is one (the job ended: 0 if it succeeded),
+    else what torch said. torch's agent has stopped any workers it had started."""
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    from dptrain.cli import job_end
+
+    status = job_end.report(command, end_record)
+    if status is not None:
+        return status
+    if isinstance(err, RendezvousClosedError):
+        print(f"dptrain {command}: the rendezvous at {rdzv_endpoint} is closed: its job has "
+              f"ended; nothing to join", file=sys.stderr)
+        return 1
+    cause = err.__cause__  # torch wraps the store's own error, which says more
+    because = f" ({type(cause).__name__}: {str(cause).splitlines()[0]})" \
+        if cause is not None and str(cause) else ""
+    print(f"dptrain {command}: the rendezvous at {rdzv_endpoint} failed: "
+          f"{type(err).__name__}: {err}{because}", file=sys.stderr)
+    return 1
+
+
 def use_threads(threads: int) -> None:
     """An explicit thread count (`--threads`): for this process and, through OMP_NUM_THREADS,
     for every process it starts and every rank's process group (which then keeps it)."""
@@ -213,4 +301,5 @@ def run_command(args: argparse.Namespace) -> int:
     if args.threads:
         use_threads(args.threads)
     return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
-                  nnodes=args.nnodes)
+                  max_nodes=NodeRange.parse(args.nnodes).max_nodes,
+                  rdzv_conf=rendezvous_conf(args.rdzv_conf))

@@ -18,7 +18,8 @@ from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dptrain.cli.run import launch, rendezvous_argv, use_threads
+from dptrain.cli import job_end
+from dptrain.cli.run import launch, rendezvous_argv, rendezvous_conf, use_threads
 from dptrain.dist import DistEnv, resolve_env
 from dptrain.dist.job import job_id, stamp
 from dptrain.dist.threads import env_threads, this_process_share
@@ -145,34 +146,44 @@ def with_run_dir(options: TrainOptions, env: DistEnv,
     if options.out:
         return options
     if env.launcher == "single":
-        return replace(options, out=run_dir(options, stamp()) if options.nnodes == 1 else "")
+        one_node = options.nodes.max_nodes == 1
+        return replace(options, out=run_dir(options, stamp()) if one_node else "")
     job = job_id(env.launcher, environ)
     return replace(options, out=run_dir(options, job) if job else "")
 
 
-def job_world_size(options: TrainOptions, env: DistEnv) -> tuple[int, str]:
-    """The world size the job will really have, and where it comes from: the launcher's when
-    one started this process (whatever --nproc says), else the processes started here."""
+def job_world_sizes(options: TrainOptions, env: DistEnv) -> list[tuple[int, str]]:
+    """The world sizes the job may really have, each with where it comes from: the launcher's
+    when one started this process (whatever --nproc says), else the processes started here on
+    each number of nodes (an elastic job: from MIN to MAX)."""
     if env.launcher != "single":
-        return env.world_size, f"from {env.launcher}"
-    nnodes = options.nnodes
-    if nnodes > 1:
-        return options.nproc * nnodes, f"--nnodes {nnodes} x --nproc {options.nproc}"
-    return options.nproc, f"--nproc {options.nproc}"
+        return [(env.world_size, f"from {env.launcher}")]
+    nodes = options.nodes
+    if nodes.max_nodes == 1:
+        return [(options.nproc, f"--nproc {options.nproc}")]
+    return [(options.nproc * n, f"{n} node(s) of --nnodes {nodes} x --nproc {options.nproc}")
+            for n in range(nodes.min_nodes, nodes.max_nodes + 1)]
 
 
 def train_command(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     env = resolve_env()
-    check_batch_split(options.batch_size, *job_world_size(options, env))
+    for world_size, source in job_world_sizes(options, env):
+        check_batch_split(options.batch_size, world_size, source)
     options = with_run_dir(options, env)
-    one_process = options.nproc == 1 and options.nnodes == 1 and options.max_restarts == 0
+    one_process = options.nproc == 1 and options.nodes.max_nodes == 1 and \
+        options.max_restarts == 0
     if options.threads:
         use_threads(options.threads)
     elif one_process and env.launcher == "single" and env_threads(os.environ) is None:
         # The one process of the job: every core it may use (a cgroup quota included, which
         # torch's own default ignores). Launched workers get theirs from launch() or the group.
         use_threads(this_process_share(1, launcher_side=True).threads)
+    end_record = job_end.record_path(options.out, options.rdzv_id) \
+        if options.nodes.elastic and env.launcher == "single" else None
+    ended = job_end.report("train", end_record)
+    if ended is not None:  # a node that comes after its elastic job ended: nothing to join
+        return ended
     if env.launcher == "single" and not one_process:
         # A bad dataset, model file or model/dataset pair is one line here, before any worker
         # starts (the workers check it again, for launchers that start them directly).
@@ -187,15 +198,22 @@ def train_command(args: argparse.Namespace) -> int:
         options_file = out / "options.json"
     else:  # the nodes' agents name the directory: the options wait elsewhere until then
         options_file = Path(tempfile.mkdtemp(prefix="dptrain-options-")) / "options.json"
-    options_file.write_text(options.to_json())
-    rendezvous = rendezvous_argv(options.nnodes,
+    # Atomically: with a shared run directory another node's workers may be reading it.
+    tmp = options_file.with_name(f".options.json.{os.getpid()}.tmp")
+    tmp.write_text(options.to_json())
+    os.replace(tmp, options_file)
+    rendezvous = rendezvous_argv(options.nodes,
                                  None if options.node_rank < 0 else options.node_rank,
                                  options.rdzv_endpoint or None, options.rdzv_id)
+    dynamic = options.nodes.max_nodes > 1 and options.node_rank < 0
     argv = [f"--nproc-per-node={options.nproc}", f"--max-restarts={options.max_restarts}",
             *rendezvous, "-m", "dptrain.cli.train_worker", str(options_file)]
     try:
         return launch(argv, options.nproc, command="train",
-                      rdzv_endpoint=options.rdzv_endpoint or None, nnodes=options.nnodes)
+                      rdzv_endpoint=options.rdzv_endpoint or None,
+                      max_nodes=options.nodes.max_nodes,
+                      rdzv_conf=rendezvous_conf(options.rdzv_conf, options.timeout)
+                      if dynamic else None, end_record=end_record)
     finally:
         if not options.out:
             shutil.rmtree(options_file.parent, ignore_errors=True)

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dptrain.data.datasets import ArrayDataset, Split, load_dataset
+from dptrain.data.datasets.registry import SERIES_DATASETS
 from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.datasets.images import ImageDataset
 from dptrain.errors import ConfigError
-from dptrain.options import bad_value, cli, flag, resumable
+from dptrain.options import bad_value, check_at_least, cli, flag, resumable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,8 +25,9 @@ class DataConfig:
     dataset: str = "digits"
     """digits, digits-image, diabetes, toy1d, toy1d-hetero, mnist:DIR, fashion-mnist:DIR,
     cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
-    npz:PATH, or PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own
-    datasets (see dptrain.data.load_dataset)."""
+    npz:PATH, time series: sine, seasonal, series:PATH.csv (docs/forecasting.md), or
+    PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own datasets (see
+    dptrain.data.load_dataset)."""
     augment: Literal["auto", "on", "off"] = field(default="auto", metadata=cli(
         negative="no-augment"))
     """Random augmentation of training images: on, off, or auto (on where the dataset's
@@ -43,6 +45,11 @@ class DataConfig:
     bad_images: Literal["error", "skip"] = field(default="error", metadata=cli(choices=True))
     """imagefolder: an image that cannot be decoded stops the run with one line naming it
     (error), or is left out of its batch and counted in summary.json (skip)."""
+    lookback: int = 24
+    """Time series: values of each series a window shows the model (its input)."""
+    horizon: int = 1
+    """Time series: values after the window the model predicts at once (its targets); a
+    longer forecast feeds its predictions back as inputs."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
@@ -55,6 +62,7 @@ class DataConfig:
             raise bad_value(self, "image_size", "an integer >= 0 (0: 224)")
         if self.bad_images not in ("error", "skip"):
             raise bad_value(self, "bad_images", "error or skip")
+        check_at_least(self, ("lookback", "horizon"), 1)
         if self.workers < -1:
             raise bad_value(self, "workers", "an integer >= 0 (or -1: automatic)")
 
@@ -64,14 +72,28 @@ class DataConfig:
                    "bad_images": "" if self.bad_images == "error" else self.bad_images}
         return {k: v for k, v in options.items() if v}
 
+    def series_options(self) -> dict[str, int]:
+        """lookback and horizon: every one for a time series, those changed for other data
+        (which are refused)."""
+        options = {"lookback": self.lookback, "horizon": self.horizon}
+        if self.dataset.partition(":")[0] in SERIES_DATASETS:
+            return options
+        defaults = DataConfig()
+        return {k: v for k, v in options.items() if v != getattr(defaults, k)}
+
 
 def load_split(config: DataConfig, *, seed: int) -> Split:
     """The dataset, its training images augmented as `config` asks (draws seeded by `seed`)."""
     options = config.loader_options()
-    if options and config.dataset.partition(":")[0] != "imagefolder":
+    kind = config.dataset.partition(":")[0]
+    if options and kind != "imagefolder":
         raise ConfigError(f"{', '.join(flag(k) for k in options)}: for imagefolder datasets; "
                           f"{config.dataset} is not one")
-    split = load_dataset(config.dataset, **options)
+    series = config.series_options()
+    if series and kind not in SERIES_DATASETS:
+        raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
+                          f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
+    split = load_dataset(config.dataset, **options, **series)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split
     if not isinstance(split.train, (ImageDataset, ImageFolderDataset)):

@@ -31,6 +31,7 @@ from dptrain.dist.group import (
     choose_backend,
     distributed,
     init_distributed,
+    release_before_shutdown,
     shutdown_distributed,
 )
 from dptrain.dist.rank_zero import rank_zero_print, setup_logging
@@ -40,5 +41,6 @@ __all__ = [
     "broadcast_object", "broadcast_tensors", "choose_backend", "collective_seconds",
     "count_collective_seconds", "distributed", "expand_hostlist",
     "get_rank", "get_world_size", "init_distributed", "is_initialized", "is_main_process", "means",
-    "rank_zero_print", "reduce_sum_count", "resolve_env", "setup_logging", "shutdown_distributed",
+    "rank_zero_print", "reduce_sum_count", "release_before_shutdown", "resolve_env", "setup_logging",
+    "shutdown_distributed",
 ]

@@ -6,9 +6,7 @@ import atexit
 import contextlib
 import logging
 import os
-import socket
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -17,7 +15,7 @@ import torch.distributed as dist
 
 from dptrain.dist.env import DistEnv, resolve_env
 from dptrain.dist.job import attempt as job_attempt
-from dptrain.dist.netif import export_interface
+from dptrain.dist.netif import export_interface, wait_for_listener
 from dptrain.dist.threads import env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError, RankFailure
 
@@ -102,24 +100,6 @@ def _attempt_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"dptrain/attempt-{attempt}", store)
 
 
-def _wait_for_the_store(env: DistEnv, timeout: timedelta) -> None:
-    """Until rank 0's rendezvous store accepts a connection, or `TimeoutError` after `timeout`.
-    Waited for here, in Python: torch's C++ client, left to wait for a store that never comes,
-    prints a stack trace at every retry before the error."""
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            socket.create_connection((env.master_addr, env.master_port),
-                                     timeout=max(0.1, min(1.0, left))).close()
-            return
-        except OSError as err:
-            if left <= 0:
-                raise TimeoutError(f"nothing answered at {env.master_addr}:{env.master_port} "
-                                   f"({err})") from err
-        time.sleep(min(0.1, max(0.0, left)))
-
-
 def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
                      timeout: timedelta = DEFAULT_TIMEOUT) -> Runtime:
     """Start the default process group for `env` (default: resolved from the environment).
@@ -161,7 +141,9 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
     try:
         store = _attempt_store(env, timeout)
         if store is None and env.rank != 0:
-            _wait_for_the_store(env, timeout)
+            # Waited for here, in Python: torch's C++ client, left to wait for a store that
+            # never comes, prints a stack trace at every retry before the error.
+            wait_for_listener(env.master_addr, env.master_port, timeout.total_seconds())
         where = {"store": store} if store is not None else {"init_method": _init_method(env)}
         dist.init_process_group(chosen, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout, **where)
@@ -174,8 +156,25 @@ def init_distributed(env: DistEnv | None = None, *, backend: str = "auto",
     return Runtime(env, chosen, device, timeout)
 
 
+#: Called (last registered first) just before the group is destroyed: see release_before_shutdown.
+_RELEASE_BEFORE_SHUTDOWN: list[Callable[[], None]] = []
+
+
+def release_before_shutdown(release: Callable[[], None]) -> None:
+    """Have `release` run when the group is shut down, before it is destroyed.
+
+    For objects that hold the group from C++ (a DistributedDataParallel reducer): freed after
+    the group, at interpreter teardown, they make torch 2.13 abort a finished job now and then
+    ("terminate called without an active exception"). A script's `with distributed():` ends
+    before that teardown while its learner is still alive, so atexit alone comes too late.
+    """
+    _RELEASE_BEFORE_SHUTDOWN.append(release)
+
+
 def shutdown_distributed() -> None:
     """Destroy the default process group if one is running; safe to call twice."""
+    while _RELEASE_BEFORE_SHUTDOWN:
+        _RELEASE_BEFORE_SHUTDOWN.pop()()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

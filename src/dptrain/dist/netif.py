@@ -8,7 +8,8 @@ the rendezvous host, so ask it (a UDP `connect` picks the route and the source a
 sending a packet) and export that interface for both backends, unless the user named one.
 
 Standard library only: interface addresses come from the SIOCGIFADDR ioctl (IPv4) and
-/proc/net/if_inet6 (IPv6); the default route from /proc/net/route.
+/proc/net/if_inet6 (IPv6); the default route from /proc/net/route. Also `wait_for_listener`:
+until a rendezvous store answers, without torch's C++ client and its retry traces.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import ipaddress
 import os
 import socket
 import struct
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,3 +168,21 @@ def export_interface(host: str, port: int = 0, *, multi_node: bool,
         for var in IFNAME_VARS:
             environ[var] = choice.name
     return choice
+
+
+def wait_for_listener(host: str, port: int, timeout_s: float,
+                      give_up: Callable[[], bool] = lambda: False) -> bool:
+    """Until something accepts a TCP connection at host:port (True), or `give_up()` says to
+    stop waiting (False), asked every 0.1 s; `TimeoutError` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(1.0, left))).close()
+            return True
+        except OSError as err:
+            if give_up():
+                return False
+            if left <= 0:
+                raise TimeoutError(f"nothing answered at {host}:{port} ({err})") from err
+        time.sleep(min(0.1, max(0.0, left)))

@@ -17,6 +17,7 @@ through here, so a run built by hand trains exactly as `dptrain train` would.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -24,9 +25,10 @@ import torch
 from torch import nn
 
 from dptrain.data import Split
+from dptrain.data.datasets.series import with_series_ids
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import Kind, build_model
+from dptrain.learners.models import Kind, ModelOptions, build_model
 from dptrain.learners.models import MODELS, TAGI_MODELS, check_input, get_model, num_outputs
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.torch_config import OptimizerFactory
@@ -42,6 +44,12 @@ def model_defaults(name: str) -> dict[str, Any]:
     """The training options a built-in model was tuned with (batch size, σ_v, gain, ...), to
     use where the user set none; {} for any other name (a model file)."""
     return dict(MODELS[name].defaults) if name in MODELS else {}
+
+
+def model_split(config: ModelConfig, split: Split) -> Split:
+    """The split as the model reads it: for a series embedding, windows followed by their
+    series' id (`with_series_ids`); else `split` itself."""
+    return with_series_ids(split) if config.series_embedding else split
 
 
 def create_model(config: ModelConfig, split: Split, *, seed: int,
@@ -78,9 +86,21 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
         manual_seed(seed)
         width = num_outputs(kind, split.task, split.num_classes, num_targets)
         model = build_model(config.model, split.input_shape, width,
-                            config.builder_options())
+                            _sized_options(config, split, dataset))
     _check_kind_options(config, kind)
     return model, kind
+
+
+def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
+    """The builder's options, with the number of series of an embedded series id."""
+    options = config.builder_options()
+    if not config.series_embedding:
+        return options
+    if split.series is None or not split.series.with_ids:
+        raise ConfigError(f"dataset {dataset}: --series-embedding needs windows that carry "
+                          f"their series id (a time series split through model_split or "
+                          f"with_series_ids)")
+    return dataclasses.replace(options, num_series=len(split.series.names))
 
 
 def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
@@ -99,7 +119,21 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
     model, kind = create_model(model_config, split, seed=seed, dataset=dataset)
     if kind == "tagi":
         return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
+    _refuse_missing_targets(split, model_config.model, dataset or split.name)
     return torch_learner(model, learner_config, split.task, model_config.precision)
+
+
+def _refuse_missing_targets(split: Split, model: str, dataset: str) -> None:
+    """A time series may miss values, which TAGI leaves out of its update; a torch loss would
+    turn them into NaN gradients."""
+    targets = getattr(split.train, "y", None)
+    if split.series is None or targets is None:
+        return
+    missing = int(torch.isnan(targets).sum())
+    if missing:
+        raise ConfigError(f"dataset {dataset}: {missing} training target(s) are missing values; "
+                          f"{model} is a torch model, whose loss cannot leave them out: use a "
+                          f"TAGI model (tagi-mlp, tagi-lstm), which skips them")
 
 
 def tagi_learner(model: Any, config: LearnerConfig, split: Split,

@@ -36,6 +36,11 @@ REMEDIES = ("try --gain 0.5 (smaller initial weight variances), MixtureReLU or B
             "the convolutions (a model file), or another --seed")
 
 
+def is_collapse_metric(name: str) -> bool:
+    """True for the entries `output_sums` adds (they count samples, not targets)."""
+    return name == SEVERAL or name.startswith(PREFIX)
+
+
 def output_sums(mu: torch.Tensor) -> Metrics:
     """Per output column k of the (B, K) predicted means: Σμ_k and Σμ_k² over the batch; and
     whether the batch holds several samples (one sample alone has no spread to measure)."""

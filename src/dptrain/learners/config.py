@@ -31,9 +31,9 @@ class ModelConfig:
 
     model: str = "tagi-mlp"
     """tagi-mlp, tagi-cnn, tagi-cnn-pytagi (pytagi's initialisation), tagi-resnet18,
-    torch-mlp, torch-cnn, torch-resnet18, torch-resnet50 (the ResNets take ImageNet's stem on
-    images of 128 pixels and more), or PATH.py:FUNCTION: FUNCTION(input_shape, num_outputs)
-    returns a dptrain.tagi.Sequential or a torch.nn.Module."""
+    tagi-lstm (time series), torch-mlp, torch-cnn, torch-resnet18, torch-resnet50 (the ResNets
+    take ImageNet's stem on images of 128 pixels and more), or PATH.py:FUNCTION:
+    FUNCTION(input_shape, num_outputs) returns a dptrain.tagi.Sequential or a torch.nn.Module."""
     precision: str = "32"
     """TAGI: 32 or 64 (float64); torch: 32, bf16, fp16 (CUDA)."""
     hidden: int = 128
@@ -50,6 +50,9 @@ class ModelConfig:
     heteroscedastic: bool = False
     """TAGI regression: learn the observation noise per input (EvenExp head with a (mean,
     noise) output pair per target) instead of a fixed sigma-v."""
+    series_embedding: int = 0
+    """tagi-lstm on several time series: width of a learned embedding of each window's series
+    id, which then enters the model with the window's values (0: no id; docs/forecasting.md)."""
 
     def __post_init__(self) -> None:
         if self.model not in MODELS and not is_model_file(self.model):
@@ -65,6 +68,9 @@ class ModelConfig:
         if self.model in TORCH_MODELS and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
         check_at_least(self, ("hidden", "width"), 1)
+        check_at_least(self, ("series_embedding",), 0)
+        if self.series_embedding and self.model != "tagi-lstm":
+            raise ConfigError(f"series-embedding is for the tagi-lstm model, not {self.model}")
         if not 0.0 <= self.dropout < 1.0:
             raise bad_value(self, "dropout", "a probability in [0, 1)")
         if self.dropout and self.model != "torch-mlp":
@@ -82,7 +88,8 @@ class ModelConfig:
         """What the registry's builders take (`dptrain.learners.models`)."""
         return ModelOptions(hidden=self.hidden, dropout=self.dropout, width=self.width,
                             gain_weight=self.gain or None, gain_bias=self.gain_bias or None,
-                            dtype=self.dtype, heteroscedastic=self.heteroscedastic)
+                            dtype=self.dtype, heteroscedastic=self.heteroscedastic,
+                            series_embedding=self.series_embedding)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,11 +31,14 @@ from dptrain.tagi import (
     AvgPool2d,
     BatchNorm2d,
     Conv2d,
+    Embedding,
     EvenExp,
     HRCSoftmax,
+    LSTM,
     LayerBlock,
     Linear,
     MixtureReLU,
+    Parallel,
     ReLU,
     ResNetBlock,
     Sequential,
@@ -64,6 +67,11 @@ class ModelOptions:
     """TAGI: float32 or float64."""
     heteroscedastic: bool = False
     """TAGI regression (tagi-mlp): 2 outputs per target, (mean, noise) pairs through EvenExp."""
+    series_embedding: int = 0
+    """tagi-lstm: width of an Embedding of the series id, which then follows each window's
+    values in the input (0: no id)."""
+    num_series: int = 0
+    """tagi-lstm with series_embedding: how many series (rows of the embedding table)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class ModelSpec:
     build: Callable[[tuple[int, ...], int, ModelOptions], Any]
     summary: str
     needs_image: bool = False
+    takes_windows: bool = False
+    """The model reads its input as a sequence: (lookback,) or (lookback, features)."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Training defaults this model was tuned with (batch_size, sigma_v, gain, ...), used where
     the user gave no value."""
@@ -127,6 +137,49 @@ def tagi_mlp(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
         return Sequential(*layers, Linear(width, 2 * num_outputs, gain_weight=gw, gain_bias=gb),
                           EvenExp(), dtype=options.dtype)
     return Sequential(*layers, Linear(width, num_outputs, gain_weight=gw, gain_bias=gb),
+                      dtype=options.dtype)
+
+
+def tagi_lstm(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """pytagi's forecasting network: LSTM(1, hidden, L) - LSTM(hidden, hidden, L) -
+    Linear(hidden·L, num_outputs), for windows of L values of one series (flat (L,) inputs,
+    or (L, features) for several values per time step).
+
+    With `series_embedding` E, the input is the L values then the series id, (L + 1,): a
+    Parallel block sends the values through the LSTMs and the id through
+    Embedding(num_series, E), and the head reads both, Linear(hidden·L + E, num_outputs)
+    (docs/forecasting.md, Series embedding, says why there)."""
+    if options.series_embedding:
+        return _tagi_lstm_with_embedding(input_shape, num_outputs, options)
+    seq_len, features = input_shape[0], (input_shape[1] if len(input_shape) == 2 else 1)
+    gw, gb = _gains(options)
+    return Sequential(*_lstm_pair(features, seq_len, options),
+                      Linear(options.hidden * seq_len, num_outputs, gain_weight=gw,
+                             gain_bias=gb),
+                      dtype=options.dtype)
+
+
+def _lstm_pair(features: int, seq_len: int, options: ModelOptions) -> list[LSTM]:
+    gw, gb = _gains(options)
+    return [LSTM(features, options.hidden, seq_len, gain_weight=gw, gain_bias=gb),
+            LSTM(options.hidden, options.hidden, seq_len, gain_weight=gw, gain_bias=gb)]
+
+
+def _tagi_lstm_with_embedding(input_shape: tuple[int, ...], num_outputs: int,
+                              options: ModelOptions) -> Sequential:
+    if len(input_shape) != 1 or input_shape[0] < 2 or options.num_series < 1:
+        raise ConfigError(f"tagi-lstm with a series embedding takes windows of values followed "
+                          f"by their series id, (lookback + 1,), of num_series >= 1 series; "
+                          f"got inputs {tuple(input_shape)} and num_series "
+                          f"{options.num_series}")
+    seq_len, width = input_shape[0] - 1, options.series_embedding
+    gw, gb = _gains(options)
+    # The Embedding's own scale, not the gains: its rows are the whole signal it passes on.
+    ids = Embedding(options.num_series, width)
+    return Sequential(Parallel(LayerBlock(*_lstm_pair(1, seq_len, options)), ids,
+                               input_sizes=(seq_len, 1)),
+                      Linear(options.hidden * seq_len + width, num_outputs, gain_weight=gw,
+                             gain_bias=gb),
                       dtype=options.dtype)
 
 
@@ -370,8 +423,12 @@ def torch_resnet50(input_shape: tuple[int, ...], num_outputs: int, options: Mode
 
 # ------------------------------------------------------------------------------ the registry
 _RESNET_DEFAULTS = {"batch_size": 64, "sigma_v": 0.05, "gain": 0.083}
+_LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
+    ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
+              "forecasting network: 2 LSTM layers of --hidden units, a Linear head)",
+              takes_windows=True, defaults=_LSTM_DEFAULTS),
     ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN, initial "
               "standard deviations x0.5 on 24 pixels and more)", needs_image=True),
     ModelSpec("tagi-cnn-pytagi", "tagi", tagi_cnn_pytagi, "TAGI CNN exactly as pytagi "
@@ -400,6 +457,11 @@ def get_model(name: str) -> ModelSpec:
 def check_input(name: str, input_shape: tuple[int, ...]) -> None:
     """Raise a one-line ConfigError if model `name` cannot take samples of `input_shape`."""
     spec = get_model(name)
+    if spec.takes_windows and len(input_shape) > 2:
+        raise ConfigError(f"model {name} takes windows of a time series, (lookback,) or "
+                          f"(lookback, features); the dataset's inputs have shape "
+                          f"{tuple(input_shape)} (use a time series: sine, seasonal, "
+                          f"series:PATH.csv)")
     if not spec.needs_image:
         return
     image = image_shape(tuple(input_shape))

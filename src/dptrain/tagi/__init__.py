@@ -43,6 +43,21 @@ Image networks take NCHW states, e.g. pytagi's MNIST CNN::
                      AvgPool2d(3, 2), Conv2d(16, 32, 5), ReLU(), AvgPool2d(3, 2),
                      Linear(32 * 4 * 4, 100), ReLU(), Linear(100, 11))
     mu, var = net(torch.randn(32, 1, 28, 28))         # or pytagi's flat (32 * 784,) array
+
+Sequence networks take windows (B, T, D), or pytagi's flat (B, T·D) arrays; an LSTM outputs
+every step's hidden state (B, T, O), e.g. pytagi's time-series network::
+
+    net = Sequential(LSTM(1, 8, 5), LSTM(8, 8, 5), Linear(8 * 5, 1))
+    mu, var = net(torch.randn(16, 5, 1))              # (16, 1) each
+    net.reset_lstm_states()                           # what LSTMs carry between calls
+
+(as in pytagi 0.2.1, hidden and cell states carry from one call to the next only for a batch
+of one sample and seq_len 1; docs/tagi.md, LSTM).
+
+Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_size)` (ids as
+float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
+layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
+(docs/tagi.md, SLSTM and the smoother).
 """
 
 from __future__ import annotations
@@ -50,10 +65,12 @@ from __future__ import annotations
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
-from dptrain.tagi.blocks import LayerBlock, ResNetBlock
+from dptrain.tagi.blocks import LayerBlock, Parallel, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
+from dptrain.tagi.embedding import Embedding
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
+from dptrain.tagi.lstm import LSTM
 from dptrain.tagi.norm import BatchNorm2d, LayerNorm
 from dptrain.tagi.mixture import MixtureReLU, MixtureSigmoid, MixtureTanh
 from dptrain.tagi.output_updater import OutputUpdater
@@ -61,6 +78,7 @@ from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.sequential import Sequential
+from dptrain.tagi.slstm import SLSTM, SLinear
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
@@ -68,12 +86,14 @@ __all__ = [
     "BatchNorm2d",
     "Conv2d",
     "DeltaStates",
+    "Embedding",
     "EvenExp",
     "HRCSoftmax",
     "HeteroscedasticPrediction",
     "HiddenStates",
     "Layer",
     "LayerBlock",
+    "LSTM",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
@@ -82,10 +102,13 @@ __all__ = [
     "MixtureSigmoid",
     "MixtureTanh",
     "OutputUpdater",
+    "Parallel",
     "ParamLayer",
     "ReLU",
     "Remax",
     "ResNetBlock",
+    "SLSTM",
+    "SLinear",
     "Sequential",
     "Sigmoid",
     "Softplus",

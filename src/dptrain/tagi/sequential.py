@@ -15,6 +15,7 @@ from dptrain.tagi import _io
 from dptrain.tagi._inputs import as_input, checked_output_delta, float_dtype
 from dptrain.tagi._pack import ParameterPack, StatePack
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.slstm import smooth_layers
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 
@@ -133,6 +134,27 @@ class Sequential(Layer):
         self.output_z_buffer = None
         self.input_delta_z_buffer = DeltaStates()
         self.input_delta_x = None
+
+    def reset_lstm_states(self) -> None:
+        """Zero the hidden and cell states every LSTM layer (nested ones included) carries
+        from one forward to the next (pytagi's name; docs/tagi.md, LSTM)."""
+        for layer in self.descendants():
+            if not isinstance(layer, Sequential) and hasattr(layer, "reset_lstm_states"):
+                layer.reset_lstm_states()
+
+    def smoother(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """pytagi's smoother for a time series run through SLSTM layers one step per call
+        (docs/tagi.md, SLSTM and the smoother): every SLSTM (nested ones included, in order)
+        smooths the steps it recorded since the last call and zeroes its carried states, and
+        the SLinear after it maps the smoothed hidden states to smoothed outputs.
+
+        Returns the last SLinear's smoothed output means and variances, (T, B, O) for T
+        recorded steps of B series; pytagi's flat array of one series is `mu.reshape(-1)`.
+        The smoothed states stay on the SLSTM layers (`mu_h_smooths`, … `var_c_smooths`).
+        """
+        with torch.no_grad():
+            return smooth_layers(layer for layer in self.descendants()
+                                 if not isinstance(layer, Sequential))
 
     # ------------------------------------------------------------------ properties
     @property

@@ -38,7 +38,7 @@ from dptrain.dist import (
 from dptrain.dist.env import SINGLE
 from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError, DataError
-from dptrain.learners.build import create_learner, create_model
+from dptrain.learners.build import create_learner, create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
@@ -65,7 +65,8 @@ def agreed_run_dir(options: TrainOptions, started_at: float) -> str:
 
 
 def load_job_split(options: TrainOptions) -> Split:
-    return load_split(options.part(DataConfig), seed=options.seed)
+    return model_split(options.part(ModelConfig), load_split(options.part(DataConfig),
+                                                             seed=options.seed))
 
 
 def preflight(options: TrainOptions) -> None:
@@ -195,4 +196,8 @@ def headline(summary: dict[str, Any], task: str) -> str:
     if summary.get("test_coverage_2sigma") is not None:
         shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
                   f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
+    if summary.get("forecast_rmse") is not None:  # a time series (docs/forecasting.md)
+        shown += (f"; forecast of the test part: rmse {summary['forecast_rmse']:.4g}, ND "
+                  f"{summary['forecast_nd']:.3f}, MASE {summary['forecast_mase']:.3f}, 2σ "
+                  f"coverage {pct('forecast_coverage_2sigma')}")
     return shown

@@ -10,6 +10,7 @@ every component's config that `dptrain train` takes, one flag and one TOML key p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -78,6 +79,10 @@ class TrainOptions(LaunchConfig, FitOptions, LearnerConfig, DataConfig, ModelCon
     def __post_init__(self) -> None:
         for component in COMPONENTS:
             component.__post_init__(self)
+        if self.nodes.elastic and not self.out:
+            raise ConfigError(f"nnodes {self.nnodes} (elastic) needs out DIR, the same on every "
+                              f"node and on a filesystem they share: a node that joins resumes "
+                              f"from the run's checkpoints there")
         if self.resume == "never" and self.max_restarts:
             raise ConfigError("max-restarts restarts the job from its checkpoints, which "
                               "--resume never forbids: use one or the other")
@@ -96,6 +101,11 @@ class TrainOptions(LaunchConfig, FitOptions, LearnerConfig, DataConfig, ModelCon
 
 RESUMABLE_OPTIONS = frozenset(f.name for f in fields(TrainOptions) if not defines_run(f))
 """Options that may change when a run resumes; every other option defines the run."""
+
+RUN_DEFAULTS = {f.name: f.default for f in fields(TrainOptions)
+                if defines_run(f) and f.default is not dataclasses.MISSING}
+"""The default of each option that defines the run: a checkpoint written before an option
+existed matches a resume that leaves it at its default (train/resume.py)."""
 
 
 def run_record(options: TrainOptions) -> dict[str, Any]:

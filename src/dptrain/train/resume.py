@@ -21,6 +21,7 @@ import torch
 from dptrain import dist as dd
 from dptrain.errors import CheckpointError
 from dptrain.train import checkpoint as ckpt
+from dptrain.train.options import RUN_DEFAULTS
 
 LAYOUT_KEY = "parameter_layout"
 """The model's parameter names, shapes and dtypes: compared only when nothing else differs (a
@@ -49,11 +50,13 @@ def _shown(value: Any) -> str:
 
 
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """`name old -> new` for each key whose values differ; the layout only if nothing else."""
-    saved, current = as_json(saved), as_json(current)
+    """`name old -> new` for each key whose values differ; the layout only if nothing else.
+    An option the saved record lacks (it was written before the option existed) matches its
+    default: upgrading dptrain does not strand a run."""
+    saved, current, defaults = as_json(saved), as_json(current), as_json(RUN_DEFAULTS)
     found = []
     for name in sorted((set(saved) | set(current)) - {LAYOUT_KEY}):
-        old, new = saved.get(name, _MISSING), current.get(name, _MISSING)
+        old, new = saved.get(name, defaults.get(name, _MISSING)), current.get(name, _MISSING)
         if old != new:
             found.append(f"{name.replace('_', '-')} {_shown(old)} -> {_shown(new)}")
     old, new = saved.get(LAYOUT_KEY, _MISSING), current.get(LAYOUT_KEY, _MISSING)

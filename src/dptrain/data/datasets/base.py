@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -131,6 +131,12 @@ class Split:
     """Train with random crops and flips unless told otherwise (`DataConfig.augment` "auto"):
     the convention of the dataset's published results (CIFAR-10, ImageNet)."""
     fingerprint: str | None = None
+    validation: torch.utils.data.Dataset | None = None
+    """A part held out from both, where the data has one (time series: the time steps
+    between the training and the test part)."""
+    series: Any = None
+    """Time series only: the whole series (`dptrain.data.datasets.series.SeriesData`), for
+    multi-step forecasts of the test part."""
 
     def __post_init__(self) -> None:
         if self.task not in _TASKS:

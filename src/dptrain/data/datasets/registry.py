@@ -9,6 +9,9 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     mnist:DIR              MNIST IDX files in DIR                  load_mnist(DIR, ...)
     fashion-mnist:DIR      Fashion-MNIST IDX files in DIR          load_mnist(DIR, ...)
     cifar10:DIR            CIFAR-10 python or binary batches       load_cifar10(DIR, ...)
+    sine                   pytagi's toy sine series, as windows    load_sine(lookback=...)
+    seasonal               4 seasonal series with trend and noise  load_seasonal(lookback=...)
+    series:PATH            time series CSV, as windows             load_series(PATH, ...)
     csv:PATH               regression table                        load_csv(PATH, target=...)
     npz:PATH               regression arrays                       load_npz(PATH, ...)
     imagefolder:DIR        DIR/train/<class>/*.jpg, DIR/val/...    load_image_folder(DIR, ...)
@@ -28,7 +31,9 @@ from dptrain.data.datasets.base import Split
 from dptrain.data.datasets.cifar10 import load_cifar10
 from dptrain.data.datasets.idx import load_mnist
 from dptrain.data.datasets.image_folder import load_image_folder
+from dptrain.data.datasets.series import load_series
 from dptrain.data.datasets.sklearn_sets import load_diabetes, load_digits
+from dptrain.data.datasets.synthetic_series import load_seasonal, load_sine
 from dptrain.data.datasets.table import load_csv, load_npz
 from dptrain.data.datasets.toy1d import load_toy1d, load_toy1d_hetero
 from dptrain.data.datasets.user_data import load_user_dataset
@@ -42,6 +47,8 @@ BUILTIN_DATASETS: dict[str, Callable[..., Split]] = {
     "diabetes": load_diabetes,
     "toy1d": load_toy1d,
     "toy1d-hetero": load_toy1d_hetero,
+    "sine": load_sine,
+    "seasonal": load_seasonal,
 }
 PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "mnist": functools.partial(load_mnist, variant="mnist"),
@@ -49,9 +56,12 @@ PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "cifar10": load_cifar10,
     "csv": load_csv,
     "npz": load_npz,
+    "series": load_series,
     "imagefolder": load_image_folder,
 }
 _SUFFIXES = {".csv": "csv", ".npz": "npz"}
+SERIES_DATASETS = ("sine", "seasonal", "series")
+"""The names whose datasets are windows of time series (they take lookback and horizon)."""
 
 
 def accepted_names() -> list[str]:

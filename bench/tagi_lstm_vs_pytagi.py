@@ -1,0 +1,178 @@
+"""TAGI LSTM forecasting, dptrain.tagi vs pytagi 0.2.1, side by side in one run.
+
+    .venv/bin/python bench/tagi_lstm_vs_pytagi.py            # writes bench/results/*.json
+    .venv/bin/python bench/tagi_lstm_vs_pytagi.py --quick    # smoke run, writes nothing
+
+pytagi's time-series forecasting example, as it ships with 0.2.1: its toy sine series (daily
+values 5·(1 + sin(2π t / 365.24 days)) from 2019-01-01, the first 924 days for training, the next
+232 for test, made here with the same formula), standardised with the training part's mean and
+standard deviation, windows of 5 values predicting the next one (stride 1), the network
+LSTM(1,8,5)-LSTM(8,8,5)-Linear(40,1), batch 5 in time order, σ_v decayed from 1 by 0.99 per
+epoch down to 0.3, LSTM states reset after each epoch, 50 epochs. Both libraries get the same
+windows, float32, one thread each. Per seed the two runs alternate (which goes first alternates
+too). Reported in the series' units: test RMSE, mean log-likelihood per window (predictive
+variance = the network's + σ_v², as the example reports it) and 2σ coverage; and training
+samples (windows) per second, median over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dptrain import tagi
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import command_line  # noqa: E402
+from tagi_vs_pytagi import (BENCH_DIR, PYTAGI_VENV, git_describe, hardware,  # noqa: E402
+                            setup_pytagi_venv, write_json)
+
+DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_lstm_vs_pytagi.json"
+#: The issue's targets: test RMSE and log-likelihood at least pytagi's, samples/s at least 2x.
+SPEED_TARGET = 2.0
+WINDOW, TRAIN_DAYS, TEST_DAYS = 5, 924, 232
+SIGMA_V = (1.0, 0.3, 0.99)  # start, floor, decay per epoch (pytagi's exponential_scheduler)
+
+
+def sine_series() -> np.ndarray:
+    """pytagi's toy series, one value per day from 2019-01-01 (train days, then test days)."""
+    start = np.datetime64("2019-01-01")
+    days = np.arange(start, start + TRAIN_DAYS + TEST_DAYS, dtype="datetime64[D]")
+    seconds = days.astype("datetime64[s]").astype(np.int64)
+    return 5.0 * (1.0 + np.sin(seconds * (2.0 * np.pi / (365.24 * 24 * 60 * 60))))
+
+
+def windows(series: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, WINDOW) inputs and (N, 1) next values, stride 1."""
+    x = np.lib.stride_tricks.sliding_window_view(series[:-1], WINDOW)
+    return x.copy(), series[WINDOW:, None].copy()
+
+
+def make_data(epochs: int, batch_size: int) -> dict[str, np.ndarray]:
+    series = sine_series()
+    train, test = series[:TRAIN_DAYS], series[TRAIN_DAYS:]
+    mean, std = train.mean(), train.std()
+    x_train, y_train = windows((train - mean) / std)
+    x_test, y_test = windows((test - mean) / std)
+    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test,
+            "mean": np.array(mean), "std": np.array(std), "batch_size": np.array(batch_size),
+            "epochs": np.array(epochs), "sigma_v": np.array(SIGMA_V)}
+
+
+def sigma_v_at(epoch: int, current: float) -> float:
+    """pytagi's exponential_scheduler as its example calls it: on the previous epoch's value,
+    so the decay compounds (σ_v after epoch e is 0.99^(0+1+…+e), floored at 0.3)."""
+    _, floor, decay = SIGMA_V
+    return max(current * decay**epoch, floor)
+
+
+def run_ours(data: dict[str, np.ndarray], seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    torch.set_num_threads(1)
+    tagi.manual_seed(seed)
+    net = tagi.Sequential(tagi.LSTM(1, 8, WINDOW), tagi.LSTM(8, 8, WINDOW),
+                          tagi.Linear(8 * WINDOW, 1))
+    updater = tagi.OutputUpdater(net.device)
+    x_train = torch.from_numpy(data["x_train"]).float()
+    y_train = torch.from_numpy(data["y_train"]).float()
+    x_test = torch.from_numpy(data["x_test"]).float()
+    batch, sigma_v = int(data["batch_size"]), SIGMA_V[0]
+    start = time.perf_counter()
+    for epoch in range(int(data["epochs"])):
+        sigma_v = sigma_v_at(epoch, sigma_v)
+        for i in range(0, len(x_train) - batch + 1, batch):
+            net(x_train[i:i + batch])
+            updater.update(net.output_z_buffer, y_train[i:i + batch], sigma_v**2,
+                           net.input_delta_z_buffer)
+            net.backward()
+            net.step()
+        net.reset_lstm_states()
+    seconds = time.perf_counter() - start
+    mus, variances = [], []
+    for i in range(0, len(x_test) - batch + 1, batch):
+        mu, var = net(x_test[i:i + batch])
+        mus.append(mu.reshape(-1).numpy())
+        variances.append(var.reshape(-1).numpy() + sigma_v**2)
+    return np.concatenate(mus), np.concatenate(variances), seconds
+
+
+def run_pytagi(python: Path, data_file: Path, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    nccl_libs = sorted(PYTAGI_VENV.glob("lib/python*/site-packages/nvidia/nccl/lib"))
+    env = {"LD_LIBRARY_PATH": str(nccl_libs[-1]), "OMP_NUM_THREADS": "1",
+           "PATH": "/usr/bin:/bin"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.npz"
+        args = json.dumps({"data": str(data_file), "out": str(out), "seed": seed, "threads": 1})
+        subprocess.run([str(python), str(BENCH_DIR / "_pytagi_lstm_worker.py"), args],
+                       check=True, env=env, timeout=1800)
+        result = np.load(out)
+        return result["mu"], result["var"], float(result["seconds"])
+
+
+def metrics(mu: np.ndarray, var: np.ndarray, data: dict[str, np.ndarray]) -> dict[str, float]:
+    """In the series' units, over the test windows both libraries predicted."""
+    std, mean = float(data["std"]), float(data["mean"])
+    y = data["y_test"][: len(mu), 0] * std + mean
+    err2 = (y - (mu * std + mean)) ** 2
+    total_var = var * std**2
+    return {"rmse": float(np.sqrt(err2.mean())),
+            "log_likelihood": float(np.mean(-0.5 * (math.log(2 * math.pi) + np.log(total_var)
+                                                    + err2 / total_var))),
+            "coverage_2sigma": float(np.mean(np.sqrt(err2 / total_var) <= 2))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs; writes nothing")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.epochs = 1, 2
+    python = setup_pytagi_venv()
+    data = make_data(args.epochs, args.batch_size)
+    samples = args.epochs * (len(data["x_train"]) // args.batch_size) * args.batch_size
+    rows: dict[str, list[dict]] = {"dptrain": [], "pytagi": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        data_file = Path(tmp) / "data.npz"
+        np.savez(data_file, **data)
+        for seed in range(args.seeds):
+            runs = [("dptrain", lambda: run_ours(data, seed)),
+                    ("pytagi", lambda: run_pytagi(python, data_file, seed))]
+            for name, fn in (runs if seed % 2 == 0 else runs[::-1]):
+                mu, var, seconds = fn()
+                rows[name].append({**metrics(mu, var, data), "samples_per_s": samples / seconds})
+    summary = {name: {key: (statistics.median if key == "samples_per_s" else statistics.mean)(
+                          [r[key] for r in runs]) for key in runs[0]}
+               for name, runs in rows.items()}
+    speedup = summary["dptrain"]["samples_per_s"] / summary["pytagi"]["samples_per_s"]
+    print(f"{'':8} {'test RMSE':>9} {'log-lik':>8} {'2σ cover':>8} {'train samples/s':>16}")
+    for name, s in summary.items():
+        print(f"{name:8} {s['rmse']:9.4f} {s['log_likelihood']:8.4f} "
+              f"{100 * s['coverage_2sigma']:7.1f}% {s['samples_per_s']:16.0f}")
+    ours, theirs = summary["dptrain"], summary["pytagi"]
+    as_good = ours["rmse"] <= theirs["rmse"] and ours["log_likelihood"] >= theirs["log_likelihood"]
+    print(f"speed ratio dptrain/pytagi {speedup:.2f}x (target >= {SPEED_TARGET}x: "
+          f"{'met' if speedup >= SPEED_TARGET else 'NOT met'}); RMSE and log-likelihood "
+          f"{'at least' if as_good else 'NOT at least'} pytagi's")
+    if not args.quick:
+        write_json(args.output, {"command": command_line(), "seeds": args.seeds,
+                                 "epochs": args.epochs, "batch_size": args.batch_size,
+                                 "per_seed": rows, "summary": summary, "speed_ratio": speedup,
+                                 "hardware": hardware(), "git": git_describe(),
+                                 "torch": torch.__version__})
+
+
+if __name__ == "__main__":
+    main()

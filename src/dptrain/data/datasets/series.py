@@ -1,0 +1,330 @@
+"""Time series as sliding windows: `load_series(PATH.csv)`, and the `SeriesData` a forecast needs.
+
+One CSV file with a header row, in one of two layouts:
+  - wide: a time column first, then one column per series (`date,sales_a,sales_b`);
+  - long: exactly three columns, the time, a series id (a column named `series`, `series_id`
+    or `id`) and the value (`date,series,value`), one row per (time, series).
+Times are labels: numbers (sorted as numbers) or anything else sorted as text, so ISO dates
+(2024-01-31) sort right. A wide file's rows must be in time order. An empty cell, `nan` or
+`NA` is a missing value.
+
+Each series is split by time, never shuffled across the split: its first `train_fraction`
+of time steps train, the next `val_fraction` validate, the rest test. It is standardised
+with the mean and std of its own training part. A window holds `lookback` values as input and
+the `horizon` values that follow as targets; it belongs to the part its targets lie in (its
+inputs may reach back into the part before: they are observed past). Missing targets stay
+NaN (TAGI leaves them out of the update); missing inputs are filled with the last value
+observed before them, or with the training mean (0 once standardised) before the first one.
+
+`with_series_ids(split)` appends each window's series id (0, 1, ... in the order of
+`SeriesData.names`) to its inputs as a last column, for a global model that embeds it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dptrain.data.datasets._files import read_bytes
+from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
+from dptrain.errors import ConfigError, DataError
+
+ID_COLUMNS = ("series", "series_id", "id")
+MISSING = ("", "nan", "na", "n/a", "null")
+
+
+@dataclass(frozen=True, eq=False)  # tensors: == would be ambiguous
+class SeriesData:
+    """The series of a split as a whole, for forecasts and plots: raw values (S, T) with NaN
+    where missing, on one time axis `times` (T labels), split at `train_end` and `val_end`
+    (time indices: train [0, train_end), validation [train_end, val_end), test [val_end, T)).
+    `norm.mean` and `norm.std` are (S, 1): series s is standardised by its training part.
+    `with_ids`: a model's input is a window followed by its series' id (`with_series_ids`)."""
+
+    names: list[str]
+    times: list[str]
+    values: torch.Tensor
+    train_end: int
+    val_end: int
+    norm: Normalisation
+    lookback: int
+    horizon: int
+    with_ids: bool = False
+
+    @property
+    def normalised(self) -> torch.Tensor:
+        """(S, T) standardised values, NaN where missing."""
+        return self.norm.apply(self.values)
+
+    def inputs(self) -> torch.Tensor:
+        """(S, T) standardised values with missing ones filled as inputs are (module doc)."""
+        return forward_fill(self.normalised)
+
+
+class WindowDataset(ArrayDataset):
+    """The windows of some series, gathered when a batch asks for them: sample i is the
+    `lookback` inputs before time step `start[i]` of series `series[i]` and the `horizon`
+    targets from it on, standardised. Only the (S, T) series are held, once for every part,
+    not the windows, whose inputs overlap L-fold.
+
+    `x` (N, lookback) and `y` (N, horizon), every window at once, are computed on demand for
+    code that wants them; `series` and `start` ((N,) int64 each) tell the windows apart. With
+    `with_ids` a window's input ends with its series id as a float: x is (N, lookback + 1).
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, series: torch.Tensor,
+                 start: torch.Tensor, lookback: int, horizon: int, with_ids: bool = False
+                 ) -> None:
+        # no ArrayDataset.__init__: there is no x or y to store
+        self.inputs, self.targets = inputs, targets  # (S, T) float32 each
+        self.series, self.start = series, start
+        self.x_offsets = torch.arange(-lookback, 0)
+        self.y_offsets = torch.arange(horizon)
+        self.with_ids = with_ids
+
+    def with_series_ids(self) -> WindowDataset:
+        """The same windows, each input followed by its series id."""
+        return WindowDataset(self.inputs, self.targets, self.series, self.start,
+                             len(self.x_offsets), len(self.y_offsets), with_ids=True)
+
+    @property
+    def x(self) -> torch.Tensor:  # type: ignore[override]
+        return self[torch.arange(len(self))][0]
+
+    @property
+    def y(self) -> torch.Tensor:  # type: ignore[override]
+        return self[torch.arange(len(self))][1]
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return (len(self.x_offsets) + self.with_ids,)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, idx):
+        series, start = self.series[idx], self.start[idx]  # () or (B,)
+        rows = series[..., None]
+        x = self.inputs[rows, start[..., None] + self.x_offsets]
+        if self.with_ids:
+            x = torch.cat([x, rows.to(x.dtype)], -1)
+        return x, self.targets[rows, start[..., None] + self.y_offsets]
+
+    def __repr__(self) -> str:
+        ids = " and series ids" if self.with_ids else ""
+        return (f"WindowDataset({len(self)} windows of {len(self.x_offsets)}{ids} -> "
+                f"{len(self.y_offsets)} from {self.inputs.shape[0]} series)")
+
+
+def with_series_ids(split: Split) -> Split:
+    """A time series split whose windows carry their series' id after their values (x is
+    (lookback + 1,)), as its forecasts do: the input of a global model that embeds the id.
+
+    Raises:
+        ConfigError: the split is not a time series, or holds a single series (its id would
+            tell the model nothing).
+    """
+    series = split.series
+    if not isinstance(series, SeriesData):
+        raise ConfigError(f"{split.name}: series ids are for time series (sine, seasonal, "
+                          f"series:PATH.csv), and this dataset is not one")
+    if len(series.names) < 2:
+        raise ConfigError(f"{split.name}: one series ({series.names[0]!r}); a series id "
+                          f"tells a model something only when there are several")
+    if series.with_ids:
+        return split
+    parts = {name: getattr(split, name).with_series_ids()
+             for name in ("train", "test", "validation")}
+    return dataclasses.replace(split, **parts,
+                               series=dataclasses.replace(series, with_ids=True))
+
+
+def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
+                train_fraction: float = 0.7, val_fraction: float = 0.1) -> Split:
+    """Windows of the series in a CSV file (layouts in the module docstring).
+
+    Raises:
+        DataError: unreadable file, a cell that is not a number, times out of order, a series
+            constant over its training part, or too short for one window.
+        ConfigError: lookback, horizon or fractions out of range.
+    """
+    names, times, values = read_series_csv(path)
+    return series_split(Path(path).stem, names, times, values, lookback=lookback,
+                        horizon=horizon, train_fraction=train_fraction,
+                        val_fraction=val_fraction, dataset=str(path))
+
+
+def series_split(name: str, names: list[str], times: list[str], values: np.ndarray, *,
+                 lookback: int, horizon: int, train_fraction: float = 0.7,
+                 val_fraction: float = 0.1, dataset: str | None = None) -> Split:
+    """The train/test windows of raw `values` (S, T) (NaN: missing), with their `SeriesData`
+    on `split.series` and the validation windows on `split.validation`; errors name `dataset`
+    (default: `name`)."""
+    where = dataset or name
+    _check_sizes(where, lookback, horizon, train_fraction, val_fraction)
+    num_steps = values.shape[1]
+    # rounded first: 0.7 + 0.1 is 0.7999..., which would lose a step to the floor
+    train_end = math.floor(round(train_fraction * num_steps, 6))
+    val_end = math.floor(round((train_fraction + val_fraction) * num_steps, 6))
+    if lookback + horizon > train_end:
+        raise DataError(f"{where}: lookback {lookback} + horizon {horizon} need "
+                        f"{lookback + horizon} time steps, but the training part has "
+                        f"{train_end} ({train_fraction:g} of {num_steps})")
+    if num_steps - val_end < horizon:
+        raise DataError(f"{where}: the test part has {num_steps - val_end} time steps, fewer "
+                        f"than the horizon {horizon}")
+    raw = torch.from_numpy(values.astype(np.float64))
+    norm = _fit_per_series(where, names, raw[:, :train_end])
+    series = SeriesData(names, times, raw, train_end, val_end, norm, lookback, horizon)
+    inputs, targets = series.inputs().float(), series.normalised.float()
+    parts = [_windows(series, inputs, targets, low, high) for low, high in
+             ((lookback, train_end), (train_end, val_end), (val_end, num_steps))]
+    one = len(names) == 1  # then the per-series map is one affine map of every window
+    scalar = Normalisation(norm.mean.reshape(()).float(), norm.std.reshape(()).float()) \
+        if one else None
+    return Split(name=name, task="regression", num_classes=None, train=parts[0],
+                 test=parts[2], x_norm=scalar, y_norm=scalar, series=series,
+                 validation=parts[1])
+
+
+def _check_sizes(where: str, lookback: int, horizon: int, train_fraction: float,
+                 val_fraction: float) -> None:
+    if lookback < 1:
+        raise ConfigError(f"{where}: lookback must be >= 1 time step, got {lookback}")
+    if horizon < 1:
+        raise ConfigError(f"{where}: horizon must be >= 1 time step, got {horizon}")
+    if not (0 < train_fraction < 1 and 0 <= val_fraction and train_fraction + val_fraction < 1):
+        raise ConfigError(f"{where}: train_fraction in (0, 1) and val_fraction >= 0 with a sum "
+                          f"below 1 needed, got {train_fraction} and {val_fraction}")
+
+
+def _fit_per_series(where: str, names: list[str], train: torch.Tensor) -> Normalisation:
+    """Mean and std of each series' observed training values, (S, 1) each."""
+    observed = torch.isfinite(train)
+    count = observed.sum(1, keepdim=True)
+    for s in range(len(names)):
+        if count[s] < 2:
+            raise DataError(f"{where}: series {names[s]!r} has {int(count[s])} observed "
+                            f"value(s) in its training part; at least 2 are needed")
+    filled = torch.where(observed, train, 0.0)
+    mean = filled.sum(1, keepdim=True) / count
+    var = (torch.where(observed, train - mean, 0.0) ** 2).sum(1, keepdim=True) / count
+    for s in range(len(names)):
+        if not var[s] > 0:
+            raise DataError(f"{where}: series {names[s]!r} is constant over its training part "
+                            f"(every value {mean[s].item():g}): it has nothing to learn and "
+                            f"cannot be standardised")
+    return Normalisation(mean, var.sqrt())
+
+
+def forward_fill(values: torch.Tensor) -> torch.Tensor:
+    """(S, T) with each NaN replaced by the last finite value before it in its row, or by 0
+    where the row has none yet."""
+    observed = torch.isfinite(values)
+    steps = torch.arange(values.shape[1]).expand_as(values)
+    last = torch.where(observed, steps, -1).cummax(1).values
+    filled = values.gather(1, last.clamp_min(0))
+    return torch.where(last >= 0, filled, 0.0)
+
+
+def _windows(series: SeriesData, inputs: torch.Tensor, targets: torch.Tensor, low: int,
+             high: int) -> WindowDataset:
+    """Every window whose targets lie in time steps [low, high), of every series; windows
+    with no observed target are left out (they teach nothing)."""
+    lookback, horizon = series.lookback, series.horizon
+    starts = torch.arange(max(low, lookback), high - horizon + 1)
+    num_series = inputs.shape[0]
+    ids = torch.arange(num_series).repeat_interleave(len(starts))
+    start = starts.repeat(num_series)
+    observed = torch.isfinite(targets[ids[:, None], start[:, None] + torch.arange(horizon)])
+    keep = observed.any(1)
+    return WindowDataset(inputs, targets, ids[keep], start[keep], lookback, horizon)
+
+
+# ------------------------------------------------------------------------------- reading
+def read_series_csv(path: str) -> tuple[list[str], list[str], np.ndarray]:
+    """(series names, time labels, values (S, T) float64 with NaN where missing)."""
+    try:
+        text = read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not a UTF-8 text file: {err}") from None
+    rows = [(n, [c.strip() for c in row]) for n, row in
+            enumerate(csv.reader(io.StringIO(text)), start=1) if any(c.strip() for c in row)]
+    if len(rows) < 2:
+        raise DataError(f"{path}: a series CSV needs a header row and data rows")
+    header = rows[0][1]
+    for line, row in rows[1:]:
+        if len(row) != len(header):
+            raise DataError(f"{path}: line {line} has {len(row)} columns, the header "
+                            f"{len(header)}")
+    if len(header) < 2:
+        raise DataError(f"{path}: a series CSV needs a time column and at least one series "
+                        f"column, got the header {header}")
+    ids = [j for j, h in enumerate(header) if h.lower() in ID_COLUMNS]
+    if ids:
+        return _read_long(path, header, rows[1:], ids[0])
+    return _read_wide(path, header, rows[1:])
+
+
+def _number(path: str, line: int, column: str, cell: str) -> float:
+    if cell.lower() in MISSING:
+        return math.nan
+    try:
+        value = float(cell)
+    except ValueError:
+        raise DataError(f"{path}: line {line}, column {column!r}: not a number: "
+                        f"{cell!r}") from None
+    if math.isinf(value):
+        raise DataError(f"{path}: line {line}, column {column!r}: {cell} (infinite)")
+    return value
+
+
+def _time_key(times: list[str]) -> list:
+    """Sort keys: numbers sort as numbers, anything else as text."""
+    try:
+        return [float(t) for t in times]
+    except ValueError:
+        return list(times)
+
+
+def _read_wide(path: str, header: list[str], rows: list) -> tuple[list[str], list[str],
+                                                                  np.ndarray]:
+    times = [row[0] for _, row in rows]
+    keys = _time_key(times)
+    for i in range(1, len(rows)):
+        if not keys[i] > keys[i - 1]:
+            raise DataError(f"{path}: line {rows[i][0]}: time {times[i]!r} does not come after "
+                            f"{times[i - 1]!r}; rows must be in time order")
+    values = np.array([[_number(path, line, header[j], row[j])
+                        for j in range(1, len(header))] for line, row in rows])
+    return header[1:], times, values.T.copy()
+
+
+def _read_long(path: str, header: list[str], rows: list, id_col: int
+               ) -> tuple[list[str], list[str], np.ndarray]:
+    if len(header) != 3:
+        raise DataError(f"{path}: a long-format series CSV has exactly three columns (time, "
+                        f"{header[id_col]}, value), got {header}")
+    time_col, value_col = (j for j in range(3) if j != id_col)
+    names = list(dict.fromkeys(row[id_col] for _, row in rows))
+    index = {name: s for s, name in enumerate(names)}
+    keys = _time_key([row[time_col] for _, row in rows])
+    times = sorted(set(zip(keys, (row[time_col] for _, row in rows))))
+    position = {label: i for i, (_, label) in enumerate(times)}
+    values = np.full((len(names), len(times)), np.nan)
+    seen: dict[tuple[int, int], int] = {}
+    for line, row in rows:
+        s, t = index[row[id_col]], position[row[time_col]]
+        if (s, t) in seen:
+            raise DataError(f"{path}: line {line}: series {row[id_col]!r} has a second value "
+                            f"at time {row[time_col]!r} (first on line {seen[s, t]})")
+        seen[s, t] = line
+        values[s, t] = _number(path, line, header[value_col], row[value_col])
+    return names, [label for _, label in times], values

@@ -1,0 +1,73 @@
+"""Generated time series for tests and demos: pytagi's toy sine, and seasonal series with trend.
+
+    from dptrain.data.datasets.synthetic_series import load_sine
+
+    split = load_sine(lookback=24)          # windows of one daily sine, 1156 days
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dptrain.data.datasets.base import Split
+from dptrain.data.datasets.series import series_split
+from dptrain.errors import ConfigError
+
+SINE_PERIOD = 365.24
+"""Days per period of the toy sine: pytagi's is one cycle a year of daily values."""
+SINE_LENGTH = 1156
+"""Days of the toy sine: pytagi's 924 training and 232 test days."""
+
+
+def load_sine(*, lookback: int = 24, horizon: int = 1, length: int = SINE_LENGTH,
+              period: float = SINE_PERIOD, noise_std: float = 0.3, seed: int = 0) -> Split:
+    """One series 5·(1 + sin(2πt/period)) + ε, t = 0, 1, ... days, ε ~ N(0, noise_std²):
+    the shape of pytagi's toy sine (amplitude 5 around 5), with a little noise so that a
+    predictive distribution has something to be calibrated on."""
+    _check(length, noise_std)
+    t = np.arange(length, dtype=np.float64)
+    noise = _noise(seed, (1, length), noise_std)
+    values = 5.0 * (1.0 + np.sin(2 * np.pi * t / period))[None] + noise
+    return series_split("sine", ["sine"], _days(length), values, lookback=lookback,
+                        horizon=horizon)
+
+
+def load_seasonal(*, lookback: int = 24, horizon: int = 1, num_series: int = 4,
+                  length: int = 480, period: int = 24, noise_std: float = 0.2,
+                  seed: int = 0) -> Split:
+    """`num_series` hourly series, each a level, a small linear trend and a daily (`period`)
+    cycle with its own amplitude and phase, plus noise ε ~ N(0, noise_std²) relative to the
+    amplitude: a global model learns the shared shape across them."""
+    _check(length, noise_std)
+    if num_series < 1 or period < 2:
+        raise ConfigError(f"seasonal needs num_series >= 1 and period >= 2, got {num_series} "
+                          f"and {period}")
+    rng = np.random.default_rng(seed)
+    t = np.arange(length, dtype=np.float64)[None]
+    level = rng.uniform(5.0, 50.0, (num_series, 1))
+    amplitude = level * rng.uniform(0.2, 0.5, (num_series, 1))
+    trend = amplitude * rng.uniform(-1.0, 1.0, (num_series, 1)) / length
+    phase = rng.uniform(0.0, 2 * np.pi, (num_series, 1))
+    cycle = np.sin(2 * np.pi * t / period + phase) + 0.3 * np.sin(4 * np.pi * t / period)
+    values = level + trend * t + amplitude * cycle
+    values = values + amplitude * noise_std * rng.standard_normal(values.shape)
+    names = [f"series{s}" for s in range(num_series)]
+    return series_split("seasonal", names, [str(int(h)) for h in t[0]], values,
+                        lookback=lookback, horizon=horizon)
+
+
+def _check(length: int, noise_std: float) -> None:
+    if length < 8 or noise_std < 0:
+        raise ConfigError(f"a generated series needs length >= 8 and noise_std >= 0, got "
+                          f"{length} and {noise_std}")
+
+
+def _noise(seed: int, shape: tuple[int, ...], std: float) -> np.ndarray:
+    gen = torch.Generator().manual_seed(seed)
+    return (std * torch.randn(shape, generator=gen, dtype=torch.float64)).numpy()
+
+
+def _days(length: int) -> list[str]:
+    start = np.datetime64("2019-01-01")  # pytagi's first day
+    return [str(start + np.timedelta64(d, "D")) for d in range(length)]

@@ -1,0 +1,87 @@
+"""`dptrain train` on a time-series CSV end to end: a global model with an embedding of the
+series id on two processes, a rank killed mid-epoch and the job resumed to the same parameters
+and the same forecast, forecast.png and the forecast metrics in summary.json, and `dptrain
+predict` writing the forecast with its variances (issue 20; docs/design.md, contract 3)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dptrain
+from tests._cli import dptrain_cmd, run
+
+pytestmark = pytest.mark.e2e
+
+SERIES, STEPS = ("north", "south", "east"), 160
+
+
+def _long_csv(path: Path) -> Path:
+    """Three daily series in long format (date, series, value), one value missing."""
+    rng = np.random.default_rng(0)
+    days = np.datetime64("2024-01-01") + np.arange(STEPS)
+    rows = ["date,series,value"]
+    for s, name in enumerate(SERIES):
+        level, amplitude = 20.0 * (s + 1), 4.0 + s
+        values = level + amplitude * np.sin(2 * np.pi * np.arange(STEPS) / 12 + s)
+        values += rng.normal(0.0, 0.3, STEPS)
+        rows += [f"{day},{name},{'' if (s, t) == (1, 40) else repr(float(v))}"
+                 for t, (day, v) in enumerate(zip(days, values))]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(tmp_path):
+    data = _long_csv(tmp_path / "regions.csv")
+    # the registry's LSTM with its defaults (batch 16: 19 steps an epoch), the series id
+    # embedded in 3 dimensions
+    common = ["train", "--model", "tagi-lstm", "--dataset", f"series:{data}", "--lookback",
+              "12", "--horizon", "2", "--epochs", "2", "--checkpoint-every", "10",
+              "--series-embedding", "3", "--no-progress"]
+    clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
+    assert clean.returncode == 0, clean.output
+    killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:25",
+                             "--max-restarts", "1"), timeout_s=240)
+    assert killed.returncode == 0, killed.output
+    assert "resumed from" in killed.stdout and "step-00000020" in killed.stdout
+    assert "; forecast of the test part: rmse " in clean.stdout, clean.stdout[-600:]
+    done, again = _summary(tmp_path / "clean"), _summary(tmp_path / "killed")
+    assert done["world_size"] == 2 and done["params_sha256"] == again["params_sha256"]
+    forecast_keys = [k for k in done if k.startswith("forecast_")]
+    assert sorted(forecast_keys) == ["forecast_coverage_2sigma", "forecast_log_likelihood",
+                                     "forecast_mase", "forecast_nd", "forecast_p90_loss",
+                                     "forecast_rmse"]
+    assert all(done[k] == again[k] and math.isfinite(done[k]) for k in forecast_keys)
+    assert (tmp_path / "killed" / "epochs.csv").read_text() == \
+        (tmp_path / "clean" / "epochs.csv").read_text()
+    for key in ("test_rmse", "test_log_likelihood", "test_coverage_2sigma"):
+        assert math.isfinite(done[key]), key
+    assert (tmp_path / "clean" / "forecast.png").stat().st_size > 5000
+    trained = dptrain.load_run(tmp_path / "clean").model.state_dict()
+    assert trained["0.1.0.mu_w"].shape == (len(SERIES), 3)  # one row per series id
+    assert trained["1.mu_w"].shape == (2, 8 * 12 + 3)  # the head reads LSTMs and embedding
+
+    out = tmp_path / "forecast.csv"
+    predicted = run(dptrain_cmd("predict", str(tmp_path / "clean"), "--checkpoint", "last",
+                                "--out", str(out)), timeout_s=120)
+    assert predicted.returncode == 0, predicted.output
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    test_steps = STEPS - 128  # the test part: the last 20 % of 160 days
+    assert len(rows) == len(SERIES) * test_steps
+    assert [r["series"] for r in rows[::test_steps]] == list(SERIES)
+    assert rows[0]["time"] == str(np.datetime64("2024-01-01") + 128)
+    assert all(float(r["var"]) > 0 for r in rows)
+    # the same forecast the run reported: its RMSE, from the file
+    errors = [(float(r["mean"]) - float(r["observed"])) ** 2 for r in rows]
+    assert math.sqrt(sum(errors) / len(errors)) == pytest.approx(done["forecast_rmse"],
+                                                                  rel=1e-5)
