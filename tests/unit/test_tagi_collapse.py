@@ -1,7 +1,8 @@
 """No silent failure to learn (docs/design.md, contract 10): the registry's TAGI CNN does not
-collapse on MNIST-format digits, a run that does (pytagi's initialisation, a seed found by
-bench/tagi_stability.py) is named in one warning line and in the summary, healthy runs and
-regression runs never warn, and the check's sums reduce like every other metric."""
+collapse on MNIST-format digits, a run that does (pytagi's initialisation on seed 0, which
+collapses in its first epoch under the Trainer's data order) is named in one warning line and
+in the summary, healthy runs and regression runs never warn, and the check's sums reduce like
+every other metric."""
 
 from __future__ import annotations
 

@@ -243,8 +243,8 @@ def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
 
 
 def tagi_cnn_pytagi(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
-    """tagi-cnn exactly as pytagi initialises it (gain 1), for comparisons with pytagi: it
-    collapses to chance in about 3 runs of 10 on 28x28 digits (docs/tagi.md, Collapsed runs)."""
+    """tagi-cnn exactly as pytagi initialises it (gain 1), for comparisons with pytagi: 6 of 20
+    runs collapse to chance on 28x28 digits (docs/tagi.md, Collapsed runs)."""
     return tagi_cnn(input_shape, num_outputs, options, default_gain=1.0)
 
 
@@ -432,7 +432,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN, initial "
               "standard deviations x0.5 on 24 pixels and more)", needs_image=True),
     ModelSpec("tagi-cnn-pytagi", "tagi", tagi_cnn_pytagi, "TAGI CNN exactly as pytagi "
-              "initialises it (collapses in about 3 runs of 10)", needs_image=True),
+              "initialises it (6 of 20 runs collapse on 28x28 digits)", needs_image=True),
     ModelSpec("tagi-resnet18", "tagi", tagi_resnet18, "TAGI ResNet18 (pytagi's CIFAR-10 one)",
               needs_image=True, defaults=_RESNET_DEFAULTS),
     ModelSpec("torch-mlp", "torch", torch_mlp, "torch MLP, 2 ReLU layers of --hidden units"),
