@@ -47,3 +47,16 @@ def test_stop_on_collapse_exits_7(mnist_dir, tmp_path):
     assert done.returncode == 7, done.output
     assert "collapsed at epoch 1" in done.output
     assert not (out / "summary.json").exists()
+
+
+def test_stop_on_collapse_stops_both_ranks_of_a_two_process_run(mnist_dir, tmp_path):
+    """Every rank reaches the same verdict from the same reduced sums, so all stop together
+    (no rank left waiting in a collective) and the launcher prints the one line once. Seed 3:
+    a seed that collapses on two ranks (their float sums differ from one process's, and these
+    first steps magnify it)."""
+    done = run(dptrain_cmd("train", "--model", "tagi-cnn-pytagi", "--seed", "3", "--nproc", "2",
+                           "--no-progress", "--dataset", f"mnist:{mnist_dir}", "--epochs", "3",
+                           "--stop-on-collapse", "--out", str(tmp_path / "run")),
+               timeout_s=240, env=base_env())
+    assert done.returncode == 7, done.output
+    assert done.output.count("collapsed at epoch 1") == 1, done.output
