@@ -4,10 +4,12 @@
                                       "threads": 1}'
 
 Trains the network (the FNN 64-128-128-11 or the 8x8 CNN of tests/unit/test_tagi_learning.py,
-from pytagi's own layers) with the hierarchical softmax head on in.npz's training images,
-visiting them in the order in.npz gives per epoch, in batches of its batch size (the last one
-of an epoch smaller), with σ_v from in.npz; then decodes the test predictions with pytagi's own
-HRC utilities and prints one JSON line: test error, wrong count, training seconds, version.
+or with "network": "cnn-plan", "shape": [C, H, W] and "gain": g the registry's tagi-cnn layout
+for that image shape, all from pytagi's own layers) with the hierarchical softmax head on
+in.npz's training images, visiting them in the order in.npz gives per epoch, in batches of its
+batch size (the last one of an epoch smaller), with σ_v from in.npz; then decodes the test predictions with pytagi's own
+HRC utilities and prints one JSON line: test error, wrong count, training seconds, version, and
+the largest standard deviation over the test set of one output's predicted mean.
 Imports nothing from dptrain: that lives in the other venv.
 """
 
@@ -24,7 +26,31 @@ from pytagi.nn import AvgPool2d, Conv2d, Linear, OutputUpdater, ReLU, Sequential
 NUM_CLASSES = 10
 
 
-def build(network):
+def _stage_out(size, conv_k, conv_p, pool_k, pool_s):
+    size = size + 2 * conv_p - conv_k + 1
+    return (size - pool_k) // pool_s + 1
+
+
+def build_plan(shape, gain):
+    """dptrain's tagi-cnn (learners/models.py, `tagi_cnn` and `_cnn_plan`) in pytagi layers."""
+    c, h, w = shape
+    plan = [(4, 1, 3, 2), (5, 0, 3, 2)] if min(h, w) >= 24 else [(3, 1, 2, 2), (3, 1, 2, 2)]
+    hidden = 100 if min(h, w) >= 24 else 64
+    g = {"gain_weight": gain, "gain_bias": gain}
+    layers, channels = [], c
+    for out_c, (k, p, pk, ps) in zip((16, 32), plan):
+        size = {"in_width": w, "in_height": h} if not layers else {}
+        layers += [Conv2d(channels, out_c, k, padding=p, **size, **g), ReLU(),
+                   AvgPool2d(pk, ps)]
+        channels = out_c
+        h, w = _stage_out(h, k, p, pk, ps), _stage_out(w, k, p, pk, ps)
+    return Sequential(*layers, Linear(channels * h * w, hidden, **g), ReLU(),
+                      Linear(hidden, 11, **g))
+
+
+def build(network, args=None):
+    if network == "cnn-plan":
+        return build_plan(args["shape"], args["gain"])
     if network == "fnn":
         return Sequential(Linear(64, 128), ReLU(), Linear(128, 128), ReLU(), Linear(128, 11))
     # AvgPool2d(2, 2): pytagi's default stride of -1 gives a wrong output size (docs/tagi.md,
@@ -46,7 +72,7 @@ def main() -> None:
     utils = Utils()
     hrc = utils.get_hierarchical_softmax(NUM_CLASSES)
     pytagi.manual_seed(args["seed"])
-    net = build(args["network"])
+    net = build(args["network"], args)
     net.set_threads(args["threads"])
     updater = OutputUpdater(net.device)
     start = time.perf_counter()
@@ -62,7 +88,7 @@ def main() -> None:
             net.step()
     seconds = time.perf_counter() - start
     net.eval()
-    wrong = 0
+    wrong, outputs = 0, []
     for i in range(0, len(x_test), batch):  # a batch larger than the first breaks pytagi
         chunk = x_test[i:i + batch]
         mu, var = net(chunk.reshape(-1))
@@ -70,8 +96,10 @@ def main() -> None:
         pred, _ = utils.get_labels(np.asarray(mu)[:width], np.asarray(var)[:width], hrc,
                                    NUM_CLASSES, len(chunk))
         wrong += int(np.sum(np.asarray(pred) != y_test[i:i + batch]))
+        outputs.append(np.asarray(mu)[:width].reshape(len(chunk), hrc.len))
+    spread = float(np.concatenate(outputs).astype(np.float64).std(0).max())
     reply = {"test_error": wrong / len(x_test), "wrong": wrong, "seconds": seconds,
-             "version": pytagi.__version__.strip()}
+             "output_spread": spread, "version": pytagi.__version__.strip()}
     os.write(real_stdout, (json.dumps(reply) + "\n").encode())
 
 

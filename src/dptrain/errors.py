@@ -46,3 +46,10 @@ class NonFiniteLoss(DptrainError, FloatingPointError):
     """The loss was NaN or infinite on some rank; every rank stops before stepping."""
 
     exit_code = 6
+
+
+class TrainingCollapsed(DptrainError, RuntimeError):
+    """A TAGI run collapsed (its predictions stopped depending on the input) and the run was
+    asked to stop on it (`--stop-on-collapse`); every rank stops after the same evaluation."""
+
+    exit_code = 7

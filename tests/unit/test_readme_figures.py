@@ -205,3 +205,18 @@ def test_every_result_file_is_named_somewhere(name):
     """A result file no page points at is a figure nobody can find."""
     pages = README + (REPO / "bench" / "README.md").read_text(encoding="utf-8")
     assert name in pages or name.removesuffix(".json") in pages, name
+
+
+STABILITY_FILES = {"mnist": "tagi_stability.json", "digits-image":
+                   "tagi_stability_digits_image.json", "cifar": "tagi_stability_cifar.json"}
+
+
+@pytest.mark.parametrize("dataset", sorted(STABILITY_FILES))
+def test_stability_table_is_tagi_stability_json(dataset):
+    """Each configuration's row: collapsed / runs and the median test error."""
+    record = _load(STABILITY_FILES[dataset])
+    assert record["complete"], "the run that wrote it was cut short"
+    for label, config in record["datasets"][dataset].items():
+        s = config["summary"]
+        _row(f"| `{dataset}` | {label} |", f"{s['collapsed']} / {s['runs']}",
+             f"{s['median_test_error_percent']:.1f}")

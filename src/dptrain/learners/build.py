@@ -29,7 +29,7 @@ from dptrain.data.datasets.series import with_series_ids
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.models import Kind, ModelOptions, build_model
-from dptrain.learners.models import MODELS, check_input, get_model, num_outputs
+from dptrain.learners.models import MODELS, TAGI_MODELS, check_input, get_model, num_outputs
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.torch_config import OptimizerFactory
 from dptrain.learners.torch_learner import TorchLearner
@@ -64,7 +64,8 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
     if config.heteroscedastic and classification:
         raise ConfigError(f"--heteroscedastic is for regression; dataset {dataset} is a "
                           f"classification task")
-    if config.heteroscedastic and config.model in ("tagi-cnn", "tagi-resnet18"):
+    if (config.heteroscedastic and config.model in TAGI_MODELS
+            and config.model not in HETEROSCEDASTIC_TAGI_MODELS):
         raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
                           f"tagi-mlp or your own model file have it, {config.model} does not")
     num_targets = None if classification else split.output_dim
@@ -142,7 +143,8 @@ def tagi_learner(model: Any, config: LearnerConfig, split: Split,
     return TagiLearner(model, task=split.task, num_classes=split.num_classes,
                        sigma_v=config.sigma_v, sigma_v_min=config.sigma_v_min,
                        sigma_v_decay=config.sigma_v_decay, average=config.average,
-                       y_scale=y_scale, heteroscedastic=heteroscedastic)
+                       y_scale=y_scale, heteroscedastic=heteroscedastic,
+                       stop_on_collapse=config.stop_on_collapse)
 
 
 def torch_learner(model: nn.Module, config: LearnerConfig, task: str,

@@ -20,7 +20,7 @@ from dptrain.errors import ConfigError
 from dptrain.learners.models import MODELS, TAGI_MODELS, TORCH_MODELS, ModelOptions
 from dptrain.learners.tagi_learner import check_sigma_v_schedule
 from dptrain.learners.user_model import is_model_file
-from dptrain.options import bad_value, check_at_least, cli
+from dptrain.options import bad_value, check_at_least, cli, resumable
 
 PRECISIONS = ("32", "64", "bf16", "fp16")
 
@@ -30,11 +30,10 @@ class ModelConfig:
     """The network: which one, its sizes, its initialisation and its number format."""
 
     model: str = "tagi-mlp"
-    """tagi-mlp, tagi-cnn, tagi-resnet18, tagi-lstm (time series), torch-mlp, torch-cnn,
-    torch-resnet18, torch-resnet50 (the ResNets take ImageNet's stem on images of 128 pixels
-    and more), or
-    PATH.py:FUNCTION: FUNCTION(input_shape, num_outputs) returns a dptrain.tagi.Sequential or a
-    torch.nn.Module."""
+    """tagi-mlp, tagi-cnn, tagi-cnn-pytagi (pytagi's initialisation), tagi-resnet18,
+    tagi-lstm (time series), torch-mlp, torch-cnn, torch-resnet18, torch-resnet50 (the ResNets
+    take ImageNet's stem on images of 128 pixels and more), or PATH.py:FUNCTION:
+    FUNCTION(input_shape, num_outputs) returns a dptrain.tagi.Sequential or a torch.nn.Module."""
     precision: str = "32"
     """TAGI: 32 or 64 (float64); torch: 32, bf16, fp16 (CUDA)."""
     hidden: int = 128
@@ -43,7 +42,7 @@ class ModelConfig:
     """Channels of the first ResNet stage (64: ResNet18; small for quick tests)."""
     gain: float = 0.0
     """TAGI: gain of the initial weight (and bias) standard deviations; 0: the model's default
-    (1, or 0.083 for tagi-resnet18)."""
+    (1; 0.5 for tagi-cnn on images of 24 pixels and more, 0.083 for tagi-resnet18)."""
     gain_bias: float = 0.0
     """TAGI: gain of the initial bias standard deviations if different; 0: as gain."""
     dropout: float = 0.0
@@ -107,6 +106,9 @@ class LearnerConfig:
     average: bool = False
     """TAGI: average the deltas over the ranks (pytagi) instead of summing them (one update of
     the global batch)."""
+    stop_on_collapse: bool = field(default=False, metadata=resumable())
+    """TAGI: stop with exit status 7 once an evaluation finds the run collapsed (predictions
+    that no longer depend on the input) instead of warning and training on."""
     lr: float = 3e-3
     """Learning rate of the torch models' optimiser (Adam)."""
     strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata=cli(choices=True))

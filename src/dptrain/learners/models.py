@@ -201,12 +201,33 @@ def _stage_out(size: int, conv_k: int, conv_p: int, pool_k: int, pool_s: int) ->
     return (size - pool_k) // pool_s + 1
 
 
-def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+CNN_GAIN = 0.5
+"""tagi-cnn's default gain of the initial standard deviations on images of 24 pixels and more
+(pytagi's MNIST layout). At pytagi's gain of 1, 12 of 40 runs on 28x28 digits (seeds 0-19,
+σ_v 0.05 and 0.2, 3 epochs) and 4 of 20 on 32x32 colour digits ended at chance: the first few
+updates drive every unit of the second convolution's ReLU negative for every input, which no
+later update can undo (docs/tagi.md, Collapsed runs). At 0.5: none, and a lower median test
+error. The small-image layout (8x8 digits) never collapsed at gain 1 and learns faster with
+it, so it keeps 1 (bench/tagi_stability.py)."""
+
+
+def cnn_default_gain(input_shape: tuple[int, ...]) -> float:
+    """tagi-cnn's gain when the options set none: `CNN_GAIN` from 24 pixels up, else 1."""
+    _, h, w = _image(input_shape)
+    return CNN_GAIN if min(h, w) >= 24 else 1.0
+
+
+def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions,
+             default_gain: float | None = None):
     """pytagi's classification CNN: Conv2d(C,16) - ReLU - AvgPool2d - Conv2d(16,32) - ReLU -
-    AvgPool2d - Linear(., 100) - ReLU - Linear(100, num_outputs) (hidden 64 on small images)."""
+    AvgPool2d - Linear(., 100) - ReLU - Linear(100, num_outputs) (hidden 64 on small images),
+    its initial standard deviations scaled by `CNN_GAIN` on images of 24 pixels and more unless
+    the options (or `default_gain`) set a gain."""
     c, h, w = _image(input_shape)
     hidden = 100 if min(h, w) >= 24 else 64
-    gw, gb = _gains(options)
+    if default_gain is None:
+        default_gain = cnn_default_gain(input_shape)
+    gw, gb = _gains(options, default_gain)
     layers: list[Any] = []
     channels = c
     for out_c, (k, p, pk, ps) in zip((16, 32), _cnn_plan(h, w)):
@@ -219,6 +240,12 @@ def tagi_cnn(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
     return Sequential(*layers, Linear(channels * h * w, hidden, gain_weight=gw, gain_bias=gb),
                       ReLU(), Linear(hidden, num_outputs, gain_weight=gw, gain_bias=gb),
                       dtype=options.dtype)
+
+
+def tagi_cnn_pytagi(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions):
+    """tagi-cnn exactly as pytagi initialises it (gain 1), for comparisons with pytagi: 6 of 20
+    runs collapse to chance on 28x28 digits (docs/tagi.md, Collapsed runs)."""
+    return tagi_cnn(input_shape, num_outputs, options, default_gain=1.0)
 
 
 IMAGENET_STEM_FROM = 128
@@ -402,8 +429,10 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
               "forecasting network: 2 LSTM layers of --hidden units, a Linear head)",
               takes_windows=True, defaults=_LSTM_DEFAULTS),
-    ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN)",
-              needs_image=True),
+    ModelSpec("tagi-cnn", "tagi", tagi_cnn, "TAGI CNN (pytagi's classification CNN, initial "
+              "standard deviations x0.5 on 24 pixels and more)", needs_image=True),
+    ModelSpec("tagi-cnn-pytagi", "tagi", tagi_cnn_pytagi, "TAGI CNN exactly as pytagi "
+              "initialises it (6 of 20 runs collapse on 28x28 digits)", needs_image=True),
     ModelSpec("tagi-resnet18", "tagi", tagi_resnet18, "TAGI ResNet18 (pytagi's CIFAR-10 one)",
               needs_image=True, defaults=_RESNET_DEFAULTS),
     ModelSpec("torch-mlp", "torch", torch_mlp, "torch MLP, 2 ReLU layers of --hidden units"),

@@ -12,7 +12,7 @@ import torch
 from dptrain.dist import DDPConfig, Runtime
 from dptrain.errors import ConfigError
 from dptrain.data.loader import fetch_batch
-from dptrain.learners import calibration
+from dptrain.learners import calibration, collapse
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.forecast import forecast_report
 from dptrain.learners.plots import plot_regression_band
@@ -59,13 +59,17 @@ class TagiLearner:
         heteroscedastic: regression only: the model ends in `EvenExp` with (mean, noise) output
             pairs and learns the observation noise per input (`update_heteros`); `sigma_v` is
             then unused.
+        stop_on_collapse: raise `TrainingCollapsed` after the evaluation that finds the run
+            collapsed (`dptrain.learners.collapse`) instead of warning and going on.
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
     element), and `log_likelihood` of the targets under the predictive distribution; for
     regression the share of targets inside the 1σ, 2σ and 3σ predictive intervals
     (`coverage_1sigma`, ...), for classification (evaluation only) the calibration bins of
     `dptrain.learners.calibration`. Train metrics come from the forward pass *before* each
-    update.
+    update. Each evaluation also checks whether the run has collapsed (its predictions no
+    longer depend on the input): the first time, one warning line, and `collapse` in the
+    report (None for a healthy run).
     """
 
     eval_is_collective = False
@@ -74,7 +78,8 @@ class TagiLearner:
     def __init__(self, model: Sequential, *, task: Literal["classification", "regression"],
                  num_classes: int | None = None, sigma_v: float = 0.05,
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
-                 y_scale: torch.Tensor | None = None, heteroscedastic: bool = False) -> None:
+                 y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
+                 stop_on_collapse: bool = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -95,6 +100,9 @@ class TagiLearner:
         self.average_over: int | None = None
         """Average mode's N: the world size of `setup`, or the run's from `load_state_dict`."""
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
+        self.stop_on_collapse = stop_on_collapse
+        self.collapse: dict[str, Any] | None = None
+        """The first evaluation's collapse record (`dptrain.learners.collapse.verdict`)."""
 
     def setup(self, runtime: Runtime) -> None:
         device = runtime.device
@@ -166,7 +174,11 @@ class TagiLearner:
         net.train()
         metrics = self._metrics(mu, var, y)
         if self.hrc is not None:
-            metrics.update(calibration_sums(self.hrc.probabilities(mu, var), y))
+            probs = self.hrc.probabilities(mu, var)
+            metrics.update(calibration_sums(probs, y))
+            metrics.update(_class_counts(probs))
+        metrics.update(collapse.output_sums(self._bands(mu, var)[0] if self.heteroscedastic
+                                            else mu))
         return metrics
 
     def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> Metrics:
@@ -270,6 +282,13 @@ class TagiLearner:
 
     def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
         means, self.calibration = calibration.end_evaluation(means)
+        spread = collapse.pop_output_spread(means)
+        top_share = _pop_top_class_share(means)
+        if self.collapse is None:  # named once, at the first evaluation that finds it
+            self.collapse = collapse.verdict(spread, self.epoch + 1, top_share)
+            if self.collapse is not None:
+                collapse.check(self.collapse, self.stop_on_collapse)
+                log.warning(collapse.message(self.collapse))
         return means
 
     def save_checkpoint(self, directory: Path) -> dict[str, Any]:
@@ -288,7 +307,7 @@ class TagiLearner:
         (`forecast_*`: dptrain.learners.forecast); rank 0 draws reliability.png, forecast.png,
         and for 1-D regression predictions.png: the predictive mean with its epistemic ±2σ
         band inside the total one (with the observation noise), in the data's own units."""
-        summary = calibration.report(out_dir, self.calibration)
+        summary = {**calibration.report(out_dir, self.calibration), "collapse": self.collapse}
         if split.series is not None:
             summary.update(forecast_report(self.predict_moments, split.series, out_dir))
         if out_dir is not None and self.task == "regression" and split.input_shape == (1,):
@@ -305,3 +324,19 @@ class TagiLearner:
         y_std = split.y_norm.std if split.y_norm is not None else 1.0
         plot_regression_band(path, x_of(x_train), y_of(y_train), x_of(x_test), y_of(y_test),
                              y_of(mean), epistemic_std * y_std, total_std * y_std)
+
+
+_CLASS_PREFIX = "pred_class"
+
+
+def _class_counts(probs: torch.Tensor) -> Metrics:
+    """How many of the (B, K) batch's samples are predicted in each class, over B."""
+    counts = torch.bincount(probs.argmax(1).cpu(), minlength=probs.shape[1]).tolist()
+    n = float(probs.shape[0])
+    return {f"{_CLASS_PREFIX}{c}": (float(count), n) for c, count in enumerate(counts)}
+
+
+def _pop_top_class_share(means: dict[str, float]) -> float | None:
+    """Remove `_class_counts`' entries; the share of the most predicted class (None: none)."""
+    shares = [means.pop(k) for k in [k for k in means if k.startswith(_CLASS_PREFIX)]]
+    return max(shares) if shares else None
