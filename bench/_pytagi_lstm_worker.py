@@ -9,6 +9,11 @@ time_series_forecasting example does: windows in time order (no shuffle), the ob
 It then forwards the test windows and writes their predictive means and variances (the network's
 plus σ_v², as the example reports them) and the training seconds to out.npz. Imports nothing from
 dptrain: that lives in the other venv.
+
+Optional keys (tagi_lstm_init_swap.py): "init_out" writes the initial parameters, as read after
+the first forward (as tests/data/make_pytagi_fixtures.py records them), to that .npz under
+dptrain's state_dict keys ("0.mu_w", ...); "init" starts from the parameters in that .npz
+instead of pytagi's own draws.
 """
 
 import json
@@ -20,6 +25,8 @@ import numpy as np
 import pytagi
 from pytagi import exponential_scheduler
 from pytagi.nn import LSTM, Linear, OutputUpdater, Sequential
+
+PARAM_NAMES = ("mu_w", "var_w", "mu_b", "var_b")
 
 
 def main() -> None:
@@ -34,6 +41,16 @@ def main() -> None:
     net = Sequential(LSTM(1, 8, window), LSTM(8, 8, window), Linear(8 * window, 1))
     net.set_threads(args["threads"])
     updater = OutputUpdater(net.device)
+    if args.get("init"):
+        # The layers hold their parameters once a forward has run; the throwaway forward's
+        # states are reset, so training starts as from a fresh network.
+        net(x_train[:batch].reshape(-1))
+        with np.load(args["init"]) as init:
+            for i, layer in enumerate(net.layers):
+                for name in PARAM_NAMES:
+                    if f"{i}.{name}" in init:
+                        setattr(layer, name, init[f"{i}.{name}"].astype(np.float32).ravel())
+        net.reset_lstm_states()
     sigma_v = sigma_v0
     start = time.perf_counter()
     for epoch in range(epochs):
@@ -42,6 +59,11 @@ def main() -> None:
         var_y = np.full((batch,), sigma_v**2, dtype=np.float32)
         for i in range(0, len(x_train) - batch + 1, batch):
             net(x_train[i:i + batch].reshape(-1))
+            if args.get("init_out") and epoch == 0 and i == 0:
+                np.savez(args["init_out"], **{f"{j}.{name}": np.array(getattr(layer, name))
+                                              for j, layer in enumerate(net.layers)
+                                              for name in PARAM_NAMES
+                                              if len(getattr(layer, name))})
             updater.update(output_states=net.output_z_buffer,
                            mu_obs=y_train[i:i + batch].reshape(-1), var_obs=var_y,
                            delta_states=net.input_delta_z_buffer)

@@ -76,15 +76,26 @@ def sigma_v_at(epoch: int, current: float) -> float:
     return max(current * decay**epoch, floor)
 
 
-def run_ours(data: dict[str, np.ndarray], seed: int) -> tuple[np.ndarray, np.ndarray, float]:
-    torch.set_num_threads(1)
+def build_ours(seed: int, dtype: torch.dtype = torch.float32) -> tagi.Sequential:
     tagi.manual_seed(seed)
-    net = tagi.Sequential(tagi.LSTM(1, 8, WINDOW), tagi.LSTM(8, 8, WINDOW),
-                          tagi.Linear(8 * WINDOW, 1))
+    return tagi.Sequential(tagi.LSTM(1, 8, WINDOW), tagi.LSTM(8, 8, WINDOW),
+                           tagi.Linear(8 * WINDOW, 1), dtype=dtype)
+
+
+def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray] | None = None,
+             dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray, float]:
+    """`init`: start from these parameters (state_dict keys) instead of our own draws."""
+    torch.set_num_threads(1)
+    net = build_ours(seed, dtype)
+    if init is not None:
+        state = net.state_dict()
+        state.update({key: torch.from_numpy(np.asarray(value)).reshape(state[key].shape)
+                      .to(dtype) for key, value in init.items()})
+        net.load_state_dict(state)
     updater = tagi.OutputUpdater(net.device)
-    x_train = torch.from_numpy(data["x_train"]).float()
-    y_train = torch.from_numpy(data["y_train"]).float()
-    x_test = torch.from_numpy(data["x_test"]).float()
+    x_train = torch.from_numpy(data["x_train"]).to(dtype)
+    y_train = torch.from_numpy(data["y_train"]).to(dtype)
+    x_test = torch.from_numpy(data["x_test"]).to(dtype)
     batch, sigma_v = int(data["batch_size"]), SIGMA_V[0]
     start = time.perf_counter()
     for epoch in range(int(data["epochs"])):
@@ -105,13 +116,16 @@ def run_ours(data: dict[str, np.ndarray], seed: int) -> tuple[np.ndarray, np.nda
     return np.concatenate(mus), np.concatenate(variances), seconds
 
 
-def run_pytagi(python: Path, data_file: Path, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+def run_pytagi(python: Path, data_file: Path, seed: int, **options: str
+               ) -> tuple[np.ndarray, np.ndarray, float]:
+    """`options`: the worker's optional keys ("init", "init_out": .npz paths)."""
     nccl_libs = sorted(PYTAGI_VENV.glob("lib/python*/site-packages/nvidia/nccl/lib"))
     env = {"LD_LIBRARY_PATH": str(nccl_libs[-1]), "OMP_NUM_THREADS": "1",
            "PATH": "/usr/bin:/bin"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.npz"
-        args = json.dumps({"data": str(data_file), "out": str(out), "seed": seed, "threads": 1})
+        args = json.dumps({"data": str(data_file), "out": str(out), "seed": seed, "threads": 1,
+                           **options})
         subprocess.run([str(python), str(BENCH_DIR / "_pytagi_lstm_worker.py"), args],
                        check=True, env=env, timeout=1800)
         result = np.load(out)

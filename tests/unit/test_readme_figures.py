@@ -121,6 +121,21 @@ def test_lstm_table_is_its_json():
                f"({before['speed_ratio']:.2f}x before")
 
 
+def test_lstm_accuracy_gap_figures_are_its_json():
+    """The README's account of the LSTM accuracy gap (initial draws, not the engine)."""
+    record = _load("tagi_lstm_init_swap.json")
+    assert max(r["largest_difference"] for r in record["trajectory"]) < 4e-7
+    _in_readme(f"log-likelihood within 4e-7 (seeds "
+               f"{' and '.join(str(r['seed']) for r in record['trajectory'])}, float32")
+    rmse = record["summary"]["rmse"]
+    ours, theirs = rmse["dptrain_draws"], rmse["pytagi_draws"]
+    _in_readme(f"over {record['seeds']} seeds trained from each library's draws")
+    _in_readme(f"{ours['mean']:.4f} ± {ours['se']:.4f} from dptrain's draws against "
+               f"{theirs['mean']:.4f} ± {theirs['se']:.4f} from pytagi's (difference "
+               f"{rmse['difference']:+.4f} ± {rmse['difference_se']:.4f}, p = "
+               f"{rmse['p_value']:.2f}), with a spread of {ours['sd']:.3f} from one seed")
+
+
 def test_learning_table_quotes_the_tests_and_the_pytagi_run():
     def errors(wrong: list[int]) -> str:
         return " / ".join(f"{100 * w / 360:.2f}" for w in wrong).replace("100.00", "100")
