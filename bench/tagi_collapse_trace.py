@@ -19,7 +19,6 @@ variances the floor reset.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path

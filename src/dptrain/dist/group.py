@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
