@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,7 @@ import torch
 from dptrain import tagi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gaussian_forecasts import gaussian_scores, print_table, summarize  # noqa: E402
 from _machine import command_line  # noqa: E402
 from tagi_vs_pytagi import (BENCH_DIR, PYTAGI_VENV, git_describe, hardware,  # noqa: E402
                             setup_pytagi_venv, write_json)
@@ -136,12 +135,7 @@ def metrics(mu: np.ndarray, var: np.ndarray, data: dict[str, np.ndarray]) -> dic
     """In the series' units, over the test windows both libraries predicted."""
     std, mean = float(data["std"]), float(data["mean"])
     y = data["y_test"][: len(mu), 0] * std + mean
-    err2 = (y - (mu * std + mean)) ** 2
-    total_var = var * std**2
-    return {"rmse": float(np.sqrt(err2.mean())),
-            "log_likelihood": float(np.mean(-0.5 * (math.log(2 * math.pi) + np.log(total_var)
-                                                    + err2 / total_var))),
-            "coverage_2sigma": float(np.mean(np.sqrt(err2 / total_var) <= 2))}
+    return gaussian_scores(y, mu * std + mean, var * std**2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,14 +161,9 @@ def main(argv: list[str] | None = None) -> None:
             for name, fn in (runs if seed % 2 == 0 else runs[::-1]):
                 mu, var, seconds = fn()
                 rows[name].append({**metrics(mu, var, data), "samples_per_s": samples / seconds})
-    summary = {name: {key: (statistics.median if key == "samples_per_s" else statistics.mean)(
-                          [r[key] for r in runs]) for key in runs[0]}
-               for name, runs in rows.items()}
+    summary = summarize(rows)
     speedup = summary["dptrain"]["samples_per_s"] / summary["pytagi"]["samples_per_s"]
-    print(f"{'':8} {'test RMSE':>9} {'log-lik':>8} {'2σ cover':>8} {'train samples/s':>16}")
-    for name, s in summary.items():
-        print(f"{name:8} {s['rmse']:9.4f} {s['log_likelihood']:8.4f} "
-              f"{100 * s['coverage_2sigma']:7.1f}% {s['samples_per_s']:16.0f}")
+    print_table(summary)
     ours, theirs = summary["dptrain"], summary["pytagi"]
     as_good = ours["rmse"] <= theirs["rmse"] and ours["log_likelihood"] >= theirs["log_likelihood"]
     print(f"speed ratio dptrain/pytagi {speedup:.2f}x (target >= {SPEED_TARGET}x: "
