@@ -38,7 +38,8 @@ Families of cases go to separate files (`--family`, default "base"): "base" (the
 to tests/data/pytagi_fixtures.npz, "lstm" (stacked LSTM layers with a Linear head; inputs
 x{k} are (B, T, D) windows, passed flat as pytagi's loops do) to
 tests/data/pytagi_fixtures_lstm.npz, "seq" (Embedding, and SLSTM with pytagi's smoother; see
-`seq_cases`) to tests/data/pytagi_fixtures_seq.npz.
+`seq_cases`) to tests/data/pytagi_fixtures_seq.npz, "layers" (ConvTranspose2d, Softmax and
+ClosedFormSoftmax; see `layer_cases`) to tests/data/pytagi_fixtures_layers.npz.
 
   bash bench/setup_pytagi.sh      # a venv with the pytagi 0.2.1 wheel
   LD_LIBRARY_PATH=$PWD/bench/.venv-pytagi/lib/python3.11/site-packages/nvidia/nccl/lib \
@@ -46,6 +47,7 @@ tests/data/pytagi_fixtures_lstm.npz, "seq" (Embedding, and SLSTM with pytagi's s
       tests/data/pytagi_fixtures.npz
   (same) ... make_pytagi_fixtures.py --family lstm tests/data/pytagi_fixtures_lstm.npz
   (same) ... make_pytagi_fixtures.py --family seq tests/data/pytagi_fixtures_seq.npz
+  (same) ... make_pytagi_fixtures.py --family layers tests/data/pytagi_fixtures_layers.npz
 """
 import argparse
 from collections.abc import Callable
@@ -53,9 +55,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytagi
-from pytagi.nn import (LSTM, SLSTM, AvgPool2d, BatchNorm2d, Conv2d, Embedding, EvenExp,
-                       LayerBlock, LayerNorm, Linear, MaxPool2d, MixtureReLU, MixtureTanh,
-                       OutputUpdater, ReLU, ResNetBlock, Sequential, SLinear, Tanh)
+from pytagi.nn import (LSTM, SLSTM, AvgPool2d, BatchNorm2d, ClosedFormSoftmax, Conv2d,
+                       ConvTranspose2d, Embedding, EvenExp, LayerBlock, LayerNorm, Linear,
+                       MaxPool2d, MixtureReLU, MixtureTanh, OutputUpdater, ReLU, ResNetBlock,
+                       Sequential, SLinear, Softmax, Tanh)
 
 @dataclass(frozen=True)
 class Spec:
@@ -78,6 +81,9 @@ class Spec:
     heteros: bool = False
     #: the inputs of a step from (rng, shape), instead of standard normal draws (ids)
     draw_x: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray] | None = None
+    #: the observations of a step from (rng, (batch, n_out)), instead of y_scale · normal
+    #: draws (one-hot labels for the softmax heads)
+    draw_y: Callable[[np.random.Generator, tuple[int, int]], np.ndarray] | None = None
     #: called on the network before each backward and before each step() (see emb_cases)
     before_backward: Callable[[Sequential], None] | None = None
     before_step: Callable[[Sequential], None] | None = None
@@ -255,7 +261,50 @@ def record_smoother(spec, out):
     out[f"{name}/eval/out_mu"], out[f"{name}/eval/out_var"] = np.array(m), np.array(v)
 
 
-FAMILIES = {"base": cases, "lstm": lstm_cases, "seq": seq_cases}
+def layer_cases():
+    """ConvTranspose2d and the softmax heads, to tests/data/pytagi_fixtures_layers.npz.
+
+    convT_autoencoder is pytagi's autoencoder in small: a Conv2d encoder, then transposed
+    convolutions with padding types 2 (stride 2) and 1 back to the 6x6 image, whose 36
+    pixels are the observations. convT_decoder starts like pytagi's decoder, a Linear whose
+    flat output a ConvTranspose2d given in_width/in_height reads as an image, with smooth
+    Jacobians (Tanh, MixtureReLU) entering both transposed convolutions, stride 2 with
+    padding type 1, and a layer without bias.
+
+    The softmax heads take one-hot observations. pytagi 0.2.1's CPU Softmax normalises groups
+    of B consecutive values of the flat batch (docs/tagi.md, Departures from pytagi): with
+    B = N (fnn_softmax_b3, 3 classes in batches of 3) those groups are the samples, so the
+    case records the per-sample softmax; fnn_softmax (B = 4) records the grouped one.
+    """
+    yield Spec("convT_autoencoder", (1, 6, 6), 36, lambda: Sequential(
+        Conv2d(1, 2, 3, padding=1, in_width=6, in_height=6), MixtureReLU(), AvgPool2d(2, 2),
+        ConvTranspose2d(2, 3, 3, stride=2, padding=1, padding_type=2), MixtureReLU(),
+        ConvTranspose2d(3, 1, 3, padding=1)), var_y=0.1)
+    yield Spec("convT_decoder", (3,), 49, lambda: Sequential(
+        Linear(3, 2 * 2 * 2), Tanh(),
+        ConvTranspose2d(2, 3, 3, stride=2, padding=1, padding_type=2, in_width=2, in_height=2),
+        MixtureReLU(), ConvTranspose2d(3, 1, 3, bias=False, stride=2, padding=1)),
+        batch=16, var_y=0.05)
+    yield Spec("fnn_softmax_b3", (4,), 3, lambda: Sequential(
+        Linear(4, 5), ReLU(), Linear(5, 3), Softmax()), batch=3, var_y=0.05,
+        draw_y=one_hot)
+    yield Spec("fnn_softmax", (4,), 3, lambda: Sequential(
+        Linear(4, 5), ReLU(), Linear(5, 3), Softmax()), batch=4, var_y=0.05,
+        draw_y=one_hot)
+    yield Spec("fnn_cf_softmax", (4,), 3, lambda: Sequential(
+        Linear(4, 6), MixtureReLU(), Linear(6, 3), ClosedFormSoftmax()), var_y=0.05,
+        draw_y=one_hot)
+    yield Spec("cnn_cf_softmax", (1, 4, 4), 3, lambda: Sequential(
+        Conv2d(1, 2, 3, padding=1, in_width=4, in_height=4), ReLU(), AvgPool2d(2, 2),
+        Linear(8, 3), ClosedFormSoftmax()), batch=8, var_y=0.05, draw_y=one_hot)
+
+
+def one_hot(rng, shape):
+    """One-hot rows of random classes: (batch, classes)."""
+    return np.eye(shape[1])[rng.integers(0, shape[1], size=shape[0])]
+
+
+FAMILIES = {"base": cases, "lstm": lstm_cases, "seq": seq_cases, "layers": layer_cases}
 
 def param_layers(layers, prefix=""):
     """(path, layer) of every layer that holds parameters, nested blocks included."""
@@ -289,7 +338,10 @@ def record(spec, out):
     rng = np.random.default_rng(7)
     for k in range(2):
         x = draw_inputs(spec, rng)
-        y = (spec.y_scale * rng.normal(size=(b, spec.n_out))).astype(np.float32)
+        if spec.draw_y is not None:
+            y = spec.draw_y(rng, (b, spec.n_out)).astype(np.float32)
+        else:
+            y = (spec.y_scale * rng.normal(size=(b, spec.n_out))).astype(np.float32)
         record_step(spec, net, upd, out, k, x, y)
     net.eval()
     x = draw_inputs(spec, rng)

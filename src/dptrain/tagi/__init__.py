@@ -67,6 +67,7 @@ from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
 from dptrain.tagi.blocks import LayerBlock, Parallel, ResNetBlock
 from dptrain.tagi.conv2d import Conv2d
+from dptrain.tagi.convtranspose2d import ConvTranspose2d
 from dptrain.tagi.embedding import Embedding
 from dptrain.tagi.hrc_softmax import HRCSoftmax
 from dptrain.tagi.linear import Linear
@@ -79,12 +80,15 @@ from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
 from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.slstm import SLSTM, SLinear
+from dptrain.tagi.softmax import ClosedFormSoftmax, Softmax
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 __all__ = [
     "AvgPool2d",
     "BatchNorm2d",
+    "ClosedFormSoftmax",
     "Conv2d",
+    "ConvTranspose2d",
     "DeltaStates",
     "Embedding",
     "EvenExp",
@@ -111,6 +115,7 @@ __all__ = [
     "SLinear",
     "Sequential",
     "Sigmoid",
+    "Softmax",
     "Softplus",
     "Tanh",
     "cap_factor",
