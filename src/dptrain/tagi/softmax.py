@@ -50,7 +50,11 @@ class ClosedFormSoftmax(Activation):
         ln A_j = Z_j − ln S:  m_lnA = m_Z − m_lnS,  v_lnA = v_Z + v_lnS − 2 c_j
         m_A = exp(m_lnA + v_lnA/2),  v_A = (exp(v_lnA) − 1) m_A²,  J = m_A (v_Z − c_j)/v_Z
 
-    Σ m_A is close to, not exactly, 1 (no renormalisation, as in cuTAGI). Every exp(m_Z) is
+    Σ m_A is close to, not exactly, 1 (no renormalisation, as in cuTAGI; with variances of
+    several units the log-normal matching breaks down and Σ m_A can be far above 1, where
+    `Remax`, which renormalises, stays a distribution). v_lnA is floored at 0: for a unit that
+    dominates its sample the three terms cancel and rounding can leave a negative variance,
+    which cuTAGI passes on. Every exp(m_Z) is
     taken relative to the sample's largest mean, which cancels in every ratio above: the same
     numbers, without the overflow of exp(m_Z) for m_Z > 88 in float32. Where v_Z = 0 (or
     below the dtype's smallest normal number), J is its limit m_A (1 − m_Ej/m_S), the
@@ -69,7 +73,8 @@ class ClosedFormSoftmax(Activation):
         mu_ln_s = torch.log(mu_s) - 0.5 * var_ln_s  # of S / exp(shift)
         share = mu_e / mu_s  # m_Ej / m_S
         cov = torch.log1p(share * expm1_v)  # c_j: v_Ej / (m_S m_Ej) = share · (exp(v_Z) − 1)
-        var_ln_a = var_z + var_ln_s - 2.0 * cov
+        # ≥ 0 as a variance; for a dominant unit (c_j ≈ v_Z ≈ v_lnS) rounding leaves ±1 ulp
+        var_ln_a = (var_z + var_ln_s - 2.0 * cov).clamp_min_(0.0)
         mu_a = torch.exp(mu_z - shift - mu_ln_s + 0.5 * var_ln_a)
         var_a = torch.expm1(var_ln_a) * mu_a * mu_a
         tiny = torch.finfo(var_z.dtype).tiny  # below it, c_j / v_Z loses its digits
