@@ -271,3 +271,16 @@ def test_construction_errors(kwargs, message):
 def test_forward_errors_name_the_layer_and_both_shapes(layers, x_shape, message):
     with pytest.raises(ValueError, match=r"layer " + message):
         Sequential(*layers())(torch.zeros(x_shape))
+
+
+def test_package_docstring_decoder_example_runs():
+    """The ConvTranspose2d example at the end of dptrain.tagi's docstring is kept runnable."""
+    import textwrap
+
+    import dptrain.tagi
+
+    example = dptrain.tagi.__doc__.split("::")[-1]
+    namespace: dict = {name: getattr(dptrain.tagi, name) for name in dptrain.tagi.__all__}
+    namespace["torch"] = torch
+    exec(textwrap.dedent(example), namespace)  # noqa: S102
+    assert namespace["mu"].shape == (32, 1, 28, 28)

@@ -86,14 +86,17 @@ def test_closed_form_softmax_is_close_to_monte_carlo(var_scale, mean_tol, var_rt
 
 def test_softmax_mean_and_jacobian_are_the_linearisation():
     """Linearised at the mean: m_A and J are softmax and its own-unit derivative, which
-    Monte Carlo approaches as v_Z → 0 (its variance is cuTAGI's heuristic, see docs/tagi.md)."""
+    Monte Carlo approaches as v_Z → 0. Its variance is cuTAGI's heuristic, not a moment:
+    18 to 36 % above Monte Carlo here (what docs/tagi.md, Softmax says)."""
     mu = torch.tensor([[1.0, 2.0, 0.5, 3.0]], dtype=F64)
     var = torch.full_like(mu, 1e-3)
     out = Softmax().forward(HiddenStates(mu, var))
     z = mu + var.sqrt() * torch.randn(200_000, 1, 4, generator=gen(34), dtype=F64)
     mc = monte_carlo(torch.softmax(z, -1), z)
-    assert (out.mu_a - mc.mean).abs().max().item() < 2e-4
-    assert ((out.jcb - mc.jcb).abs() / mc.jcb.abs()).max().item() < 5e-3
+    assert ((out.mu_a - mc.mean).abs() / mc.mean).max().item() < 3e-3
+    assert ((out.jcb - mc.jcb).abs() / mc.jcb.abs()).max().item() < 3e-3
+    excess = (out.var_a - mc.var) / mc.var
+    assert 0.15 < excess.min().item() and excess.max().item() < 0.4, excess
 
 
 def test_closed_form_softmax_in_float32_takes_large_means():

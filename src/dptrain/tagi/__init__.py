@@ -58,6 +58,18 @@ Categorical inputs go through `Embedding(num_embeddings, embedding_dim, input_si
 float-coded values, N per sample). A time series seen one step per call runs through `SLSTM`
 layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
 (docs/tagi.md, SLSTM and the smoother).
+
+Classification heads with one-hot observations (`updater.update`) end in `Remax`,
+`ClosedFormSoftmax` or `Softmax` (per sample; docs/tagi.md, Softmax).
+
+`ConvTranspose2d` (pytagi's arguments) upsamples, e.g. a decoder from a 16-unit code to
+28x28, its first layer reading the Linear's flat output as 32 images of 7x7::
+
+    decoder = Sequential(Linear(16, 32 * 7 * 7), MixtureReLU(),
+                         ConvTranspose2d(32, 16, 3, stride=2, padding=1, padding_type=2,
+                                         in_width=7, in_height=7), MixtureReLU(),
+                         ConvTranspose2d(16, 1, 3, stride=2, padding=1, padding_type=2))
+    mu, var = decoder(torch.randn(32, 16))            # (32, 1, 28, 28) each
 """
 
 from __future__ import annotations
