@@ -15,7 +15,8 @@ from dptrain.tagi.states import DeltaStates
 from tests.unit.tagi_helpers import F64, assert_close_mc, deltas, gen, monte_carlo, regression_step
 
 WINDOWS = [dict(), dict(stride=2, padding=1), dict(stride=2, padding=1, padding_type=2),
-           dict(stride=3, padding=2, padding_type=2), dict(padding=1, bias=False)]
+           dict(stride=3, padding=2, padding_type=2), dict(padding=1, bias=False),
+           dict(stride=2, padding=2), dict(padding=3, padding_type=2)]
 
 
 def _convT(seed: int, c: int, o: int, k: int, **kwargs) -> ConvTranspose2d:
@@ -157,6 +158,41 @@ def test_pytagi_autoencoder_decoder_upsamples_to_28x28_and_sends_innovations_bac
     net.eval()
     after = (net(code, 0.1 * torch.ones_like(code))[0].reshape(-1) - pixels).pow(2).mean().item()
     assert after < 0.5 * before, (before, after)
+
+
+def test_pytagi_autoencoder_learns_through_the_chained_innovations():
+    """pytagi's whole autoencoder loop (examples/autoencoder.py: its encoder and decoder as
+    written, its σ_v = 16): the decoder's input innovations (input_state_update) become the
+    encoder's output innovations. Six steps on one batch of 8 images bring the reconstruction
+    error to under half (measured: 0.393 → 0.100), and both networks' parameters move."""
+    from dptrain.tagi import AvgPool2d, BatchNorm2d, Conv2d
+
+    manual_seed(1)
+    encoder = Sequential(
+        Conv2d(1, 16, 3, bias=False, padding=1, in_width=28, in_height=28), MixtureReLU(),
+        BatchNorm2d(16), AvgPool2d(3, 2, 1, 2), Conv2d(16, 32, 3, bias=False, padding=1),
+        MixtureReLU(), BatchNorm2d(32), AvgPool2d(3, 2, 1, 2), Linear(32 * 7 * 7, 128),
+        MixtureReLU(), Linear(128, 16))
+    decoder = _decoder(torch.float32)
+    decoder.input_state_update = True
+    before = encoder.flat_params.clone(), decoder.flat_params.clone()
+    x = torch.rand(8, 1, 28, 28, generator=gen(12))
+    errors = []
+    for _ in range(6):
+        code = encoder(x)
+        mu, _ = decoder(*code)
+        errors.append((mu - x).pow(2).mean().item())
+        OutputUpdater().update(decoder.output_z_buffer, x.reshape(-1), 16.0**2,
+                               decoder.input_delta_z_buffer)
+        decoder.backward()
+        decoder.step()
+        encoder.input_delta_z_buffer.delta_mu = decoder.input_delta_x.delta_mu
+        encoder.input_delta_z_buffer.delta_var = decoder.input_delta_x.delta_var
+        encoder.backward()
+        encoder.step()
+    assert errors[-1] < 0.5 * errors[0], errors
+    assert not torch.equal(before[0], encoder.flat_params)
+    assert not torch.equal(before[1], decoder.flat_params)
 
 
 def test_flat_state_of_a_linear_is_read_as_an_image():
