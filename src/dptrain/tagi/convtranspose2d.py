@@ -202,9 +202,8 @@ class ConvTranspose2d(ParamLayer):
         if not need_input_delta:
             return None
         if self._jcb is not None:  # in place: both are fresh outputs of the kernel
-            jcb = self._jcb.reshape(in_mu.shape)
-            in_mu.mul_(jcb)
-            in_var.mul_(jcb).mul_(jcb)
+            in_mu.mul_(self._jcb)
+            in_var.mul_(self._jcb).mul_(self._jcb)
         # The innovations have the shape of the state they belong to (flat after a Linear).
         return DeltaStates(in_mu.reshape(self._in_shape), in_var.reshape(self._in_shape))
 
