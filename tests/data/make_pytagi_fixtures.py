@@ -27,7 +27,8 @@ fix (J = m_A).
 
 <layer> is the layer's path in the pytagi network: "3" for net.layers[3], "2.main.0" for the
 first layer of a ResNetBlock's main block, "2.short.0" for its shortcut. Shapes are pytagi's flat
-buffers; the layouts are torch's (Linear (out, in), Conv2d (out, in, k, k), NCHW states).
+buffers; the layouts are torch's (Linear (out, in), Conv2d (out, in, k, k), ConvTranspose2d
+(in, out, k, k), NCHW states).
 Parameters are copied into the engine from `init/…` (pytagi draws its own initial values), then
 the same steps must reproduce `step*/…` and `eval/…`. Cases where pytagi has a known bug (see
 docs/tagi.md) are recorded as pytagi computes them: the tests compare them deliberately.
