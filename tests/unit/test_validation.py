@@ -210,3 +210,14 @@ def test_a_run_written_before_validation_parts_resumes_as_it_began(tmp_path, cap
     assert main([*args, "--epochs", "5", "--val-size", "0.2"]) != 0
     assert "val-size none -> 0.2" in capsys.readouterr().err
 
+
+
+def test_sizes_come_from_flags_or_toml_and_are_checked_before_anything_runs(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("dataset = 'sine'\nval_size = 0.05\ntest_size = 168\n")
+    options = options_from_args(build_parser().parse_args(["train", "--config", str(config)]))
+    assert (options.val_size, options.test_size) == ("0.05", "168")
+    flags = options_from_args(build_parser().parse_args(["train", "--val-size", "300"]))
+    assert flags.val_size == "300"
+    with pytest.raises(ConfigError, match=r"^--test-size: expected a count .* got '-1'$"):
+        options_from_args(build_parser().parse_args(["train", "--test-size", "-1"]))
