@@ -21,8 +21,10 @@ pytestmark = pytest.mark.dist
 def _eval_both_ways(rank: int, world_size: int) -> dict:
     digits = load_digits()
     # 359 test samples: the ranks hold 180 and 179, so padding would show up as a wrong count.
+    # The validation part the same way: 301 samples, 151 and 150.
     split = Split(name="digits-359", task="classification", num_classes=10, train=digits.train,
-                  test=ArrayDataset(*digits.test[:359]))
+                  test=ArrayDataset(*digits.test[:359]),
+                  validation=ArrayDataset(*digits.test[:301]))
     manual_seed(0)
     learner = TagiLearner(tagi_mlp(64, 11, hidden=32), task="classification", num_classes=10)
     runtime = init_distributed()
@@ -33,13 +35,19 @@ def _eval_both_ways(rank: int, world_size: int) -> dict:
         trainer.sampler.set_epoch(_)
         trainer._train_epoch()
     distributed = trainer._evaluate()
-    # Single-process evaluation of the same (replicated) model over the whole test set, here.
-    wrong = count = 0.0
-    for start in range(0, len(split.test), 100):
-        m = learner.eval_step(split.test[list(range(start, min(start + 100, len(split.test))))])
-        wrong, count = wrong + m["error"][0], count + m["error"][1]
-    return {"distributed": distributed["test_error"], "single": wrong / count, "count": count,
-            "local_share": len(trainer.eval_sampler)}
+    validated = trainer._evaluate("val")
+    # Single-process evaluation of the same (replicated) model over the whole part, here.
+    single = {}
+    for part in (split.test, split.validation):
+        wrong = count = 0.0
+        for start in range(0, len(part), 100):
+            m = learner.eval_step(part[list(range(start, min(start + 100, len(part))))])
+            wrong, count = wrong + m["error"][0], count + m["error"][1]
+        single[len(part)] = (wrong / count, count)
+    return {"distributed": distributed["test_error"], "single": single[359][0],
+            "count": single[359][1], "local_share": len(trainer.eval_sampler),
+            "val_distributed": validated["val_error"], "val_single": single[301],
+            "val_local_share": len(trainer.eval_parts["val"][0])}
 
 
 def test_distributed_evaluation_counts_every_sample_once():
@@ -49,6 +57,8 @@ def test_distributed_evaluation_counts_every_sample_once():
         assert r["count"] == 359
         assert r["distributed"] == r["single"] == results[0]["single"]
         assert 0 < r["single"] < 0.5
+        assert r["val_single"][1] == 301 and r["val_distributed"] == r["val_single"][0]
+    assert sorted(r["val_local_share"] for r in results) == [150, 151]
 
 
 def _fsdp_eval(rank: int, world_size: int) -> dict:

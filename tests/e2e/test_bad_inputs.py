@@ -149,7 +149,7 @@ def _newest(out: Path) -> Path:
 
 def _drop_epoch_end(out: Path) -> Path:
     """Leave step-00000080 (mid-epoch 2) as the newest checkpoint; return it."""
-    shutil.rmtree(out / "checkpoints" / "step-00000090")
+    shutil.rmtree(out / "checkpoints" / "step-00000082")
     return _newest(out)
 
 
@@ -266,13 +266,13 @@ CASES = {
     # A broken newest checkpoint is not an error: the run says so and resumes from the one
     # before, which it leaves as it was.
     "checkpoint-corrupt": Case(lambda t, o: _keep(_truncate(
-        o / "checkpoints" / "step-00000090" / "state.pt", 500)), 0,
-        "skipping checkpoint: {out}/checkpoints/step-00000090/state.pt: checksum mismatch",
-        replaced=("step-00000090", "best")),
+        o / "checkpoints" / "step-00000082" / "state.pt", 500)), 0,
+        "skipping checkpoint: {out}/checkpoints/step-00000082/state.pt: checksum mismatch",
+        replaced=("step-00000082", "best")),
     "checkpoint-partial": Case(lambda t, o: _keep((
-        o / "checkpoints" / "step-00000090" / "meta.json").unlink()), 0,
-        "skipping checkpoint: {out}/checkpoints/step-00000090: incomplete checkpoint "
-        "(no meta.json)", replaced=("step-00000090", "best")),
+        o / "checkpoints" / "step-00000082" / "meta.json").unlink()), 0,
+        "skipping checkpoint: {out}/checkpoints/step-00000082: incomplete checkpoint "
+        "(no meta.json)", replaced=("step-00000082", "best")),
 }
 # Rows that a run directory belongs to one run.
 RESUME_CASES = {
@@ -280,7 +280,7 @@ RESUME_CASES = {
                                      "was started with different options: hidden 16 -> 64"),
     "resume-never-with-checkpoints": Case(lambda t, o: ["--resume", "never"], 4,
                                           "holds checkpoints (newest: {out}/checkpoints/"
-                                          "step-00000090)"),
+                                          "step-00000082)"),
 }
 
 
@@ -313,7 +313,7 @@ def busy_port():
 def finished_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
     assert main(["train", *RUN, "--out", str(out)]) == 0
-    assert (out / "checkpoints" / "step-00000090").is_dir()
+    assert (out / "checkpoints" / "step-00000082").is_dir()
     return out
 
 

@@ -60,8 +60,11 @@ def load():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(420, 8, generator=g)
     y = torch.sin(x[:, :1]) + 0.5 * x[:, 1:2] * x[:, 2:3] + 0.1 * torch.randn(420, 1, generator=g)
+    # its own validation part, ungated: only training samples wait at the gate
     return Split(name="gated", task="regression", num_classes=None,
-                 train=Rows(x[:340], y[:340], True), test=Rows(x[340:], y[340:], False))
+                 train=Rows(x[:340], y[:340], True),
+                 validation=Rows(x[340:380], y[340:380], False),
+                 test=Rows(x[380:], y[380:], False))
 """
 # 340 samples, global batch 32: 11 steps an epoch, the last of 20 samples (10 a rank on 2).
 EPOCHS = 4

@@ -134,7 +134,7 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement(tmp_path
     out = tmp_path / "es"
     assert _train_in_process(out, "--epochs", "30", "--patience", "2", "--batch-size",
                              "256") == 0
-    errors = [float(r["test_error"]) for r in _epochs(out)]
+    errors = [float(r["val_error"]) for r in _epochs(out)]  # validation chooses
     best, bad, expected_stop = float("inf"), 0, len(errors)
     for epoch, e in enumerate(errors, 1):
         best, bad = (e, 0) if e < best else (best, bad + 1)
@@ -143,7 +143,7 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement(tmp_path
             break
     assert len(errors) == expected_stop < 30
     summary = _summary(out)
-    assert summary["stopped_early"] and summary["best_test_error"] == min(errors)
+    assert summary["stopped_early"] and summary["best_val_error"] == min(errors)
 
 
 def test_regression_writes_rmse_log_likelihood_and_the_band_plot(tmp_path):

@@ -69,41 +69,41 @@ def test_timeout_bounds_the_start_up_rendezvous(tmp_path):
 
 
 def test_monitor_chooses_the_early_stopping_metric_and_its_direction(tmp_path, capsys):
-    """--monitor test_log_likelihood: higher is better, patience counts epochs without a new
+    """--monitor val_log_likelihood: higher is better, patience counts epochs without a new
     maximum, summary.json reports that metric's best, and best/ holds the best epoch."""
     out = tmp_path / "ll"
     assert main(["train", "--nproc", "1", "--out", str(out), "--no-progress", "--epochs", "30",
-                 "--batch-size", "256", "--monitor", "test_log_likelihood",
+                 "--batch-size", "256", "--monitor", "val_log_likelihood",
                  "--patience", "1"]) == 0
     rows = _epochs(out)
-    values = [float(r["test_log_likelihood"]) for r in rows]
+    values = [float(r["val_log_likelihood"]) for r in rows]
     # patience 1: stop at the first epoch that does not beat the best so far
     stop = next(i for i in range(1, len(values)) if values[i] <= max(values[:i])) + 1
     assert len(values) == stop < 30
     best_epoch = values.index(max(values)) + 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] and summary["best_epoch"] == best_epoch
-    assert summary["best_test_log_likelihood"] == max(values)
+    assert summary["best_val_log_likelihood"] == max(values)
     best_meta = json.loads((out / "checkpoints" / "best" / "meta.json").read_text())
     assert best_meta["step"] == int(rows[best_epoch - 1]["step"])
 
     capsys.readouterr()
     assert main(["train", "--nproc", "1", "--out", str(tmp_path / "bad"), "--no-progress",
-                 "--epochs", "1", "--batch-size", "256", "--monitor", "test_accuracy"]) == 2
+                 "--epochs", "1", "--batch-size", "256", "--monitor", "val_accuracy"]) == 2
     captured = capsys.readouterr()
-    assert "--monitor 'test_accuracy' is not a metric of this run (tagi-mlp on digits); it " \
+    assert "--monitor 'val_accuracy' is not a metric of this run (tagi-mlp on digits); it " \
         "reports: test_ece, test_error, test_log_likelihood, train_error, " \
-        "train_log_likelihood" in captured.err
+        "train_log_likelihood, val_ece, val_error, val_log_likelihood" in captured.err
     assert "epoch 1/1" not in captured.out  # refused before training
 
 
 def test_an_unknown_monitor_is_refused_before_any_worker_starts(tmp_path):
     out = tmp_path / "bad"
     result = run(dptrain_cmd("train", "--nproc", "2", "--model", "torch-mlp", "--out", str(out),
-                             "--monitor", "test_log_likelihood"), timeout_s=120)
+                             "--monitor", "val_log_likelihood"), timeout_s=120)
     assert result.returncode == 2, result.output
-    assert "--monitor 'test_log_likelihood' is not a metric of this run (torch-mlp on " \
-        "digits); it reports: test_ece, test_error, test_loss, train_error, train_loss" \
-        in result.stderr, result.output
+    assert "--monitor 'val_log_likelihood' is not a metric of this run (torch-mlp on " \
+        "digits); it reports: test_ece, test_error, test_loss, train_error, train_loss, " \
+        "val_ece, val_error, val_loss" in result.stderr, result.output
     assert "process(es)" not in result.stdout  # no worker said hello
     assert not (out / "options.json").exists()

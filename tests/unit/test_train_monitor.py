@@ -13,16 +13,22 @@ from dptrain.train.job import check_monitor, load_job_split, reported_metrics
 from dptrain.train.options import TrainOptions
 
 
+def _names(train: list[str], evaluated: list[str]) -> list[str]:
+    """The columns: train ones, and each evaluated one for the validation and the test part."""
+    return sorted([f"train_{m}" for m in train] +
+                  [f"{part}_{m}" for part in ("val", "test") for m in evaluated])
+
+
+_GAUSSIAN = ["coverage_1sigma", "coverage_2sigma", "coverage_3sigma", "log_likelihood", "mse",
+             "rmse"]
+
+
 @pytest.mark.parametrize("model, dataset, expected", [
-    ("tagi-mlp", "digits", ["test_ece", "test_error", "test_log_likelihood", "train_error",
-                            "train_log_likelihood"]),
-    ("tagi-mlp", "toy1d", [f"{s}_{m}" for s in ("test", "train") for m in (
-        "coverage_1sigma", "coverage_2sigma", "coverage_3sigma", "log_likelihood", "mse",
-        "rmse")]),
-    ("torch-mlp", "digits", ["test_ece", "test_error", "test_loss", "train_error",
-                             "train_loss"]),
-    ("torch-mlp", "diabetes", ["test_loss", "test_mse", "test_rmse", "train_loss", "train_mse",
-                               "train_rmse"]),
+    ("tagi-mlp", "digits", _names(["error", "log_likelihood"],
+                                  ["ece", "error", "log_likelihood"])),
+    ("tagi-mlp", "toy1d", _names(_GAUSSIAN, _GAUSSIAN)),
+    ("torch-mlp", "digits", _names(["error", "loss"], ["ece", "error", "loss"])),
+    ("torch-mlp", "diabetes", _names(["loss", "mse", "rmse"], ["loss", "mse", "rmse"])),
 ])
 def test_the_names_are_those_the_learner_reports_for_its_task(model, dataset, expected):
     options = TrainOptions(model=model, dataset=dataset, hidden=8)
@@ -41,13 +47,21 @@ def test_the_names_are_the_columns_a_real_run_writes(tmp_path):
 
 
 def test_an_unknown_monitor_is_one_line_listing_the_names():
-    options = TrainOptions(model="tagi-mlp", dataset="toy1d", hidden=8, monitor="test_error")
+    options = TrainOptions(model="tagi-mlp", dataset="toy1d", hidden=8, monitor="val_error")
     with pytest.raises(ConfigError) as caught:
         check_monitor(options, load_job_split(options))
     message = str(caught.value)
-    assert message.startswith("--monitor 'test_error' is not a metric of this run (tagi-mlp on "
+    assert message.startswith("--monitor 'val_error' is not a metric of this run (tagi-mlp on "
                               "toy1d); it reports: test_coverage_1sigma, "), message
     assert "\n" not in message and "train_rmse" in message
     accepted = TrainOptions(model="tagi-mlp", dataset="toy1d", hidden=8,
                             monitor="train_coverage_2sigma")
     check_monitor(accepted, load_job_split(accepted))
+
+
+def test_a_test_metric_never_chooses():
+    """Contract 11: the test part is reported, never monitored; its validation twin is named."""
+    options = TrainOptions(model="tagi-mlp", dataset="toy1d", hidden=8, monitor="test_rmse")
+    with pytest.raises(ConfigError, match=r"^--monitor test_rmse: the test part is evaluated "
+                                          r"and reported, never used to choose .* val_rmse$"):
+        check_monitor(options, load_job_split(options))

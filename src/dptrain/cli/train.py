@@ -20,6 +20,7 @@ from typing import Any
 
 from dptrain.cli import job_end
 from dptrain.cli.run import launch, rendezvous_argv, rendezvous_conf, use_threads
+from dptrain.data.config import NO_VALIDATION
 from dptrain.dist import DistEnv, resolve_env
 from dptrain.dist.job import job_id, stamp
 from dptrain.dist.threads import env_threads, this_process_share
@@ -127,6 +128,11 @@ def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
     not None)."""
     merged = read_toml(config_file) if config_file else {}
     merged.update({k: v for k, v in flags.items() if v is not None})
+    if merged.get("val_size") == NO_VALIDATION:
+        raise ConfigError(f"--val-size {NO_VALIDATION}: no validation part would leave the "
+                          f"test part to choose the best epoch; only a run started before "
+                          f"validation parts resumes so (dptrain sees to it): give a count or "
+                          f"a fraction, or auto")
     merged = {**model_defaults(merged.get("model", TrainOptions.model)), **merged}
     return TrainOptions(**merged)
 

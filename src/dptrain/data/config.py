@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dptrain.data.datasets import ArrayDataset, Split, load_dataset
+from dptrain.data.datasets.holdout import hold_out
 from dptrain.data.datasets.registry import SERIES_DATASETS
+from dptrain.data.datasets.sizes import DEFAULT_VAL_FRACTION, parse_size
 from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.datasets.images import ImageDataset
 from dptrain.errors import ConfigError
@@ -50,6 +52,17 @@ class DataConfig:
     horizon: int = 1
     """Time series: values after the window the model predicts at once (its targets); a
     longer forecast feeds its predictions back as inputs."""
+    val_size: str = "auto"
+    """The validation part, which chooses the best epoch (--monitor, best/) while the test part
+    only reports: a count (an integer >= 1) or a fraction (0.1) of the training samples, held
+    out of them by a draw of --seed; a time series' validation time steps, before its test
+    part. auto: the dataset's own validation part (a series' middle 10 %, an image folder's
+    val/ beside its test/, your Split's validation), else 0.1 of the training part. (none:
+    no validation part and the test metric monitored, which only a run started before
+    validation parts existed resumes with; dptrain sets it itself.)"""
+    test_size: str = "auto"
+    """Time series: the test part, its last time steps, as a count or a fraction of the
+    series (auto: 0.2)."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
@@ -63,6 +76,9 @@ class DataConfig:
         if self.bad_images not in ("error", "skip"):
             raise bad_value(self, "bad_images", "error or skip")
         check_at_least(self, ("lookback", "horizon"), 1)
+        if self.val_size != NO_VALIDATION:
+            parse_size(self.val_size, option="val-size")
+        parse_size(self.test_size, option="test-size")
         if self.workers < -1:
             raise bad_value(self, "workers", "an integer >= 0 (or -1: automatic)")
 
@@ -72,14 +88,22 @@ class DataConfig:
                    "bad_images": "" if self.bad_images == "error" else self.bad_images}
         return {k: v for k, v in options.items() if v}
 
-    def series_options(self) -> dict[str, int]:
-        """lookback and horizon: every one for a time series, those changed for other data
-        (which are refused)."""
-        options = {"lookback": self.lookback, "horizon": self.horizon}
-        if self.dataset.partition(":")[0] in SERIES_DATASETS:
-            return options
+    def series_options(self) -> dict[str, Any]:
+        """lookback, horizon and the sizes of the parts: every one set for a time series,
+        those changed for other data (which are refused; --val-size is for every dataset)."""
+        options = {"lookback": self.lookback, "horizon": self.horizon,
+                   "test_size": self.test_size}
         defaults = DataConfig()
+        if self.dataset.partition(":")[0] in SERIES_DATASETS:
+            if self.val_size not in ("auto", NO_VALIDATION):
+                options["val_size"] = self.val_size
+            return {k: v for k, v in options.items() if v != "auto"}
         return {k: v for k, v in options.items() if v != getattr(defaults, k)}
+
+
+NO_VALIDATION = "none"
+"""`val_size` of a run started before validation parts existed: no validation part, the test
+metric monitored, as such a run was (train/options.py, BEFORE_OPTION)."""
 
 
 def load_split(config: DataConfig, *, seed: int) -> Split:
@@ -93,13 +117,32 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
     if series and kind not in SERIES_DATASETS:
         raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
                           f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
-    split = load_dataset(config.dataset, **options, **series)
+    split = with_validation(load_dataset(config.dataset, **options, **series), config,
+                            seed=seed)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split
     if not isinstance(split.train, (ImageDataset, ImageFolderDataset)):
         raise ConfigError(f"--augment is for image datasets (mnist, cifar10, imagefolder); "
                           f"{config.dataset} has inputs {split.input_shape}")
     return split.with_train(split.train.with_augmentation(seed=seed))
+
+
+def with_validation(split: Split, config: DataConfig, *, seed: int) -> Split:
+    """`split` with the validation part `config.val_size` asks for: the dataset's own (a
+    series' is sized by its loader), else held out of the training part by a draw of
+    `seed`; none at all for a run from before validation parts (`NO_VALIDATION`)."""
+    if config.val_size == NO_VALIDATION:
+        return replace(split, validation=None)
+    if config.dataset.partition(":")[0] in SERIES_DATASETS:
+        return split
+    if split.validation is not None:
+        if config.val_size != "auto":
+            raise ConfigError(f"--val-size {config.val_size}: {config.dataset} has a "
+                              f"validation part of its own ({len(split.validation)} samples); "
+                              f"--val-size is for data without one")
+        return split
+    size = parse_size(config.val_size, option="val-size") or DEFAULT_VAL_FRACTION
+    return hold_out(split, size, seed=seed)
 
 
 def resolve_workers(config: DataConfig, split: Split, cores: int) -> int:

@@ -11,7 +11,8 @@ from dptrain.errors import ConfigError
 class EarlyStopping:
     """Stop after `patience` evaluations without improving the best value by `min_delta`.
 
-    `patience=None` never stops but still tracks the best epoch (for the best checkpoint).
+    `patience=None` never stops but still tracks the best epoch (for the best checkpoint);
+    `monitor=""` monitors nothing: no epoch is ever the best, none stops the run.
     """
 
     def __init__(self, monitor: str, *, mode: Literal["min", "max"] = "min",
@@ -27,6 +28,8 @@ class EarlyStopping:
 
     def update(self, epoch: int, metrics: dict[str, float]) -> bool:
         """Record `epoch`'s metrics; True when this epoch is the new best."""
+        if not self.monitor:
+            return False
         if self.monitor not in metrics:
             raise ConfigError(f"early stopping monitors {self.monitor!r}, but the evaluation "
                               f"gave only {sorted(metrics)}")

@@ -24,7 +24,7 @@ import torch
 
 from dptrain import dist as dd
 from dptrain.data import Split
-from dptrain.data.config import DataConfig, load_split, resolve_workers
+from dptrain.data.config import NO_VALIDATION, DataConfig, load_split, resolve_workers
 from dptrain.data.loader import fetch_batch
 from dptrain.dist import (
     Runtime,
@@ -42,8 +42,9 @@ from dptrain.learners.build import create_learner, create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
-from dptrain.train.options import TrainOptions, run_record
-from dptrain.train.trainer import TrainConfig, Trainer, metric_names
+from dptrain.train import resume
+from dptrain.train.options import TrainOptions, as_saved, run_record
+from dptrain.train.trainer import TrainConfig, Trainer, default_monitor, metric_names
 
 
 def run_dir(options: TrainOptions, label: str) -> str:
@@ -69,16 +70,32 @@ def load_job_split(options: TrainOptions) -> Split:
                                                              seed=options.seed))
 
 
+def resumed_options(options: TrainOptions) -> TrainOptions:
+    """`options` as the run in its directory began, for a run that resumes from checkpoints
+    this process can read (`as_saved`: a run from before validation parts goes on without
+    one); else as they are."""
+    if not options.out or options.resume == "never":
+        return options
+    return as_saved(options, resume.saved_record(Path(options.out) / "checkpoints"))
+
+
 def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
+    options = resumed_options(options)
     split = load_job_split(options)
     create_model(options.part(ModelConfig), split, seed=options.seed, dataset=options.dataset)
     check_monitor(options, split)
 
 
-def default_monitor(task: str) -> str:
-    return "test_error" if task == "classification" else "test_rmse"
+def monitor_of(options: TrainOptions, split: Split) -> str:
+    """The metric that chooses: --monitor, else the validation error or RMSE; the test ones
+    for a run from before validation parts (it has none), as it began."""
+    if options.monitor:
+        return options.monitor
+    if options.val_size == NO_VALIDATION:
+        return "test_error" if split.task == "classification" else "test_rmse"
+    return default_monitor(split.task, split.validation is not None)
 
 
 def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
@@ -95,15 +112,24 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     # Two samples at least: BatchNorm needs two values per channel to train.
     train = learner.train_step(fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
     tested = learner.eval_step(fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
+    evaluated = learner.end_evaluation(means(tested))
+    parts = ("val", "test") if split.validation is not None else ("test",)
     names = [*metric_names(train, "train"),
-             *metric_names(learner.end_evaluation(means(tested)), "test")]
+             *(name for part in parts for name in metric_names(evaluated, part))]
     return sorted(set(names))
 
 
 def check_monitor(options: TrainOptions, split: Split) -> None:
-    """A --monitor the run does not report is refused in one line that lists those it does."""
-    if not options.monitor or options.monitor == default_monitor(split.task):
+    """A --monitor the run does not report is refused in one line that lists those it does;
+    a test metric too (validation chooses, test reports), but for a run from before
+    validation parts that monitored one."""
+    if not options.monitor or options.monitor == default_monitor(
+            split.task, split.validation is not None):
         return
+    if options.monitor.startswith("test_") and options.val_size != NO_VALIDATION:
+        raise ConfigError(f"--monitor {options.monitor}: the test part is evaluated and "
+                          f"reported, never used to choose the best epoch or to stop; monitor "
+                          f"its validation twin, val_{options.monitor[len('test_'):]}")
     names = reported_metrics(options, split)
     if options.monitor not in names:
         raise ConfigError(f"--monitor {options.monitor!r} is not a metric of this run "
@@ -114,7 +140,7 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
 def train_config(options: TrainOptions, split: Split) -> TrainConfig:
     """The Trainer's config: the options, with the monitored metric the task implies."""
     fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
-    monitor = options.monitor or default_monitor(split.task)
+    monitor = monitor_of(options, split)
     return TrainConfig(
         out_dir=Path(options.out), num_epochs=options.epochs,
         global_batch_size=options.batch_size, seed=options.seed,
@@ -132,7 +158,7 @@ def run_training(options: TrainOptions, *, preflown: bool = False) -> dict[str, 
     `preflown`: the launcher ran `preflight` (dptrain train's own workers); else an unknown
     --monitor is refused here, before the process group starts."""
     if options.monitor and not preflown:
-        check_monitor(options, load_job_split(options))
+        check_monitor(resumed_options(options), load_job_split(resumed_options(options)))
     with distributed(timeout=timedelta(seconds=options.timeout)) as runtime:
         if not options.out and os.environ.get(RUN_LABEL_ENV):
             # A multi-node `dptrain train` without --out: its agents agreed on the label.
@@ -148,6 +174,11 @@ def run_training(options: TrainOptions, *, preflown: bool = False) -> dict[str, 
 
 
 def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
+    if options.resume == "auto":
+        # A run from before validation parts resumes as it began (BEFORE_OPTION), whichever
+        # node holds its checkpoints: decided before its data is split.
+        options = as_saved(options, resume.any_saved_record(
+            Path(options.out) / "checkpoints", runtime.env.local_rank))
     split = load_job_split(options)
     check_same_files(split)
     learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
@@ -160,7 +191,7 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
                     f"directory {options.out}")
     summary = Trainer(learner, split, config, runtime).fit()
     rank_zero_print(f"done: {headline(summary, split.task)} after {summary['final_epoch']} "
-                    f"epoch(s), {summary['samples_per_s']:.0f} samples/s, "
+                    f"epoch(s), {chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s, "
                     f"{summary['wall_time_s']:.1f} s\n"
                     f"run directory: {options.out} (summary.json, epochs.csv, "
                     f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
@@ -177,6 +208,14 @@ def check_same_files(split: Split) -> None:
         raise DataError(f"{split.name}: rank(s) {odd} see other files than rank 0 (a different "
                         f"copy of the dataset on their node?); every process must read the "
                         f"same files")
+
+
+def chosen_by(summary: dict[str, Any]) -> str:
+    """Which epoch best/ holds and the metric that chose it, for the final line."""
+    monitor = summary.get("monitor")
+    if not monitor or summary.get("best_epoch") is None:
+        return "no best/ (nothing monitored)"
+    return f"best/ epoch {summary['best_epoch']} by {monitor} {summary[f'best_{monitor}']:.4g}"
 
 
 def headline(summary: dict[str, Any], task: str) -> str:

@@ -69,16 +69,17 @@ class TensorBoardLogger:
 
 
 def plot_learning_curves(path: Path, history: list[dict[str, Any]]) -> bool:
-    """One panel per metric, train and test against the epoch."""
+    """One panel per metric, train, validation and test against the epoch."""
     plt = pyplot()
     if plt is None or not history:
         return False
     names = sorted({k.split("_", 1)[1] for r in history for k in r
-                    if k.startswith(("train_", "test_")) and isinstance(r[k], (int, float))})
+                    if k.startswith(("train_", "val_", "test_"))
+                    and isinstance(r[k], (int, float))})
     fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
     epochs = [r["epoch"] for r in history]
     for ax, name in zip(axes[0], names):
-        for split in ("train", "test"):
+        for split in ("train", "val", "test"):
             key = f"{split}_{name}"
             if any(key in r for r in history):
                 ax.plot(epochs, [r.get(key, math.nan) for r in history], marker="o", label=split)

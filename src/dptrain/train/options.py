@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from dptrain.data import world_sizes_dividing
-from dptrain.data.config import DataConfig
+from dptrain.data.config import NO_VALIDATION, DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -49,8 +49,9 @@ class FitOptions:
     patience: int = field(default=0, metadata=resumable())
     """Stop after this many epochs without a better monitored metric (0: never)."""
     monitor: str = ""
-    """Metric for early stopping and the best checkpoint; empty: test_error (classification)
-    or test_rmse (regression). A *log_likelihood* metric is maximised, others minimised."""
+    """Metric for early stopping and the best checkpoint, a val_* one (validation chooses,
+    test reports; --val-size); empty: val_error (classification) or val_rmse (regression).
+    A *log_likelihood* metric is maximised, others minimised."""
     fail_at: str = field(default="", metadata=resumable(metavar="RANK:STEP,..."))
     """Fault injection: RANK:STEP (that rank SIGKILLs itself before that step) or RANK:ckpt:STEP
     (while writing that step's checkpoint); comma-separated, one point per attempt of the job."""
@@ -106,6 +107,27 @@ RUN_DEFAULTS = {f.name: f.default for f in fields(TrainOptions)
                 if defines_run(f) and f.default is not dataclasses.MISSING}
 """The default of each option that defines the run: a checkpoint written before an option
 existed matches a resume that leaves it at its default (train/resume.py)."""
+
+
+BEFORE_OPTION = {"val_size": NO_VALIDATION}
+"""For an option whose default changed what a run computes when it came: the value that means
+what dptrain did before it existed. A checkpoint whose record lacks the option was written
+then; the run resumes with this value (`as_saved`), and the record comparison takes it for
+the missing entry (train/resume.py). Runs from before validation parts: no validation part,
+the test metric monitored."""
+
+
+def as_saved(options: TrainOptions, saved: dict[str, Any] | None) -> TrainOptions:
+    """`options` resuming the run whose checkpoint holds the record `saved`: each option of
+    `BEFORE_OPTION` that `saved` predates and `options` leave at its default takes its old
+    value, so the run goes on as it began. A value given otherwise stays, and the record
+    comparison refuses it, naming it."""
+    if saved is None:
+        return options
+    # A saved value equal to the old one: the run was resumed as such before, and goes on so.
+    changes = {name: old for name, old in BEFORE_OPTION.items()
+               if saved.get(name, old) == old and getattr(options, name) == RUN_DEFAULTS[name]}
+    return dataclasses.replace(options, **changes) if changes else options
 
 
 def run_record(options: TrainOptions) -> dict[str, Any]:

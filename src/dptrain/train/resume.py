@@ -21,7 +21,7 @@ import torch
 from dptrain import dist as dd
 from dptrain.errors import CheckpointError
 from dptrain.train import checkpoint as ckpt
-from dptrain.train.options import RUN_DEFAULTS
+from dptrain.train.options import BEFORE_OPTION, RUN_DEFAULTS
 
 LAYOUT_KEY = "parameter_layout"
 """The model's parameter names, shapes and dtypes: compared only when nothing else differs (a
@@ -52,8 +52,10 @@ def _shown(value: Any) -> str:
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """`name old -> new` for each key whose values differ; the layout only if nothing else.
     An option the saved record lacks (it was written before the option existed) matches its
-    default: upgrading dptrain does not strand a run."""
-    saved, current, defaults = as_json(saved), as_json(current), as_json(RUN_DEFAULTS)
+    default, or the value meaning what dptrain did before it (`BEFORE_OPTION`): upgrading
+    dptrain does not strand a run."""
+    saved, current = as_json(saved), as_json(current)
+    defaults = as_json({**RUN_DEFAULTS, **BEFORE_OPTION})
     found = []
     for name in sorted((set(saved) | set(current)) - {LAYOUT_KEY}):
         old, new = saved.get(name, defaults.get(name, _MISSING)), current.get(name, _MISSING)
@@ -84,6 +86,26 @@ def refuse_never(run_dir: Path, newest: Path) -> CheckpointError:
         f"{run_dir} holds checkpoints (newest: {newest}) and --resume never would mix two runs "
         f"in it; start afresh with a new --out (nothing was deleted), or resume with --resume "
         f"auto")
+
+
+def saved_record(ckpt_dir: Path) -> dict[str, Any] | None:
+    """The run record of the newest step folder here whose meta.json reads (one run per
+    directory: every checkpoint of it holds the same), or None; no checksum is verified."""
+    for path in ckpt.list_steps(ckpt_dir):
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("run_record"), dict):
+            return meta["run_record"]
+    return None
+
+
+def any_saved_record(ckpt_dir: Path, local_rank: int) -> dict[str, Any] | None:
+    """Collective: a saved run record any node holds (each node's first rank reads its own
+    run directory: no shared filesystem needed), the same on every rank."""
+    held = dd.all_gather_object(saved_record(ckpt_dir) if local_rank == 0 else None)
+    return next((record for record in held if record is not None), None)
 
 
 # ------------------------------------------------------------------------ finding the checkpoint

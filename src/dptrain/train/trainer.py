@@ -56,10 +56,15 @@ class TrainConfig:
     keep_last: int = 3
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the newest valid checkpoint in out_dir, if any."""
-    monitor: str = "test_error"
+    monitor: str = ""
+    """The metric that chooses the best epoch (best/) and stops early; empty: the task's
+    validation metric (val_error, val_rmse) when the split has a validation part, else
+    nothing is chosen (no best/, no early stopping). Validation chooses, test reports: a
+    test_* metric here chooses on the data the run reports on (docs/design.md)."""
     monitor_mode: Literal["min", "max"] = "min"
     patience: int | None = None
-    """Stop after this many epochs without a better monitored value (None: never)."""
+    """Stop after this many epochs without a better monitored value (None: never); needs a
+    monitored metric."""
     eval_batch_size: int = 512
     workers: int = 0
     """DataLoader worker processes per rank that decode batches ahead of the step (0: the
@@ -115,9 +120,17 @@ def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
 
 
 def metric_names(reported: Iterable[str], prefix: str) -> list[str]:
-    """The columns of epochs.csv that metrics reported as `reported` become (`train`/`test`
-    prefix, rmse from mse)."""
+    """The columns of epochs.csv that metrics reported as `reported` become (`train`, `val`
+    or `test` prefix, rmse from mse)."""
     return list(_derived(dict.fromkeys(reported, 0.0), prefix))
+
+
+def default_monitor(task: str, has_validation: bool) -> str:
+    """The metric that chooses when none is named: the validation error (classification) or
+    RMSE (regression); "" (nothing chosen) without a validation part."""
+    if not has_validation:
+        return ""
+    return "val_error" if task == "classification" else "val_rmse"
 
 
 def _pause_stats(pauses: list[float]) -> dict[str, float | int]:
@@ -145,20 +158,27 @@ class Trainer:
         self.sampler = ShardedSampler(split.train, rank=self.rank, world_size=self.world_size,
                                       seed=config.seed, mode="train",
                                       uneven_last_batch=learner.uneven_last_batch)
-        self.eval_sampler = ShardedSampler(split.test, rank=self.rank,
-                                           world_size=self.world_size, mode="eval")
         pin = runtime.device.type == "cuda"
         self.loader = BatchLoader(split.train, self.sampler, self.local_batch_size,
                                   workers=config.workers, pin_memory=pin)
-        self.eval_loader = BatchLoader(split.test, self.eval_sampler, config.eval_batch_size,
-                                       workers=config.workers, pin_memory=pin)
+        # Each evaluated part, validation first: the test part's evaluation is the learner's
+        # last of the epoch (its calibration bins are the test part's in the summary).
+        self.eval_parts = {prefix: self._eval_part(dataset) for prefix, dataset in
+                           (("val", split.validation), ("test", split.test))
+                           if dataset is not None}
         self.data_wait_s = 0.0
         """Seconds the training steps waited for their batches (not the evaluations)."""
         self.step_times = StepTimes(self.rank, self.world_size, self._metric_device())
         """Per-rank compute, wait and data time of the steps (ranks.csv; slow ranks named)."""
         self.train_s = 0.0
         """Seconds spent in training epochs (waits for batches included, evaluations not)."""
-        self.early = EarlyStopping(config.monitor, mode=config.monitor_mode,
+        self.monitor = config.monitor or default_monitor(split.task,
+                                                         split.validation is not None)
+        if config.patience is not None and not self.monitor:
+            raise ConfigError(f"patience {config.patience} needs a metric to monitor, and "
+                              f"{split.name} has no validation part: give the split one "
+                              f"(dptrain.data.datasets.holdout.hold_out) or name a monitor")
+        self.early = EarlyStopping(self.monitor, mode=config.monitor_mode,
                                    patience=config.patience)
         self.ckpt_dir = Path(config.out_dir) / "checkpoints"
         self._writer = BackgroundWriter(enabled=config.async_checkpoints)
@@ -172,6 +192,11 @@ class Trainer:
         self._epoch_sums: Metrics = {}
         """This rank's (sum, count) per train metric so far in the current epoch; saved in
         mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
+
+    @property
+    def eval_sampler(self) -> ShardedSampler:
+        """The test part's sampler (this rank's share of the test samples)."""
+        return self.eval_parts["test"][0]
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -194,7 +219,8 @@ class Trainer:
         finally:
             self._writer.close()
             self.loader.close()
-            self.eval_loader.close()
+            for _, loader in self.eval_parts.values():
+                loader.close()
 
     def _fit(self) -> dict[str, Any]:
         start = time.perf_counter()
@@ -216,8 +242,8 @@ class Trainer:
             train_means, seen = self._train_epoch()
             self.train_s += time.perf_counter() - epoch_start
             samples_seen += seen
-            test_means = self._evaluate()
-            improved = self._end_epoch(train_means, test_means)
+            evaluated = {name: self._evaluate(name) for name in self.eval_parts}
+            improved = self._end_epoch(train_means, evaluated)
             self._log_step_times()
             self._save_checkpoint(epoch_done=True, is_best=improved)
             self.epoch += 1
@@ -263,29 +289,41 @@ class Trainer:
         seen = sum(dd.all_gather_object(seen))
         return _derived(dd.means(dd.reduce_sum_count(sums, self._metric_device())), "train"), seen
 
-    def _evaluate(self) -> dict[str, float]:
-        """Every test sample exactly once over the ranks (contract 5), reduced as sums."""
+    def _eval_part(self, dataset: Any) -> tuple[ShardedSampler, BatchLoader]:
+        sampler = ShardedSampler(dataset, rank=self.rank, world_size=self.world_size,
+                                 mode="eval")
+        return sampler, BatchLoader(dataset, sampler, self.config.eval_batch_size,
+                                    workers=self.config.workers,
+                                    pin_memory=self.runtime.device.type == "cuda")
+
+    def _evaluate(self, part: str = "test") -> dict[str, float]:
+        """Every sample of `part` ("val" or "test") exactly once over the ranks (contract 5),
+        reduced as sums; the metrics come `part`-prefixed."""
         sums: Metrics = {}
-        self.eval_sampler.set_position(0)
-        batches: Iterable[Batch] = self.eval_loader
+        sampler, loader = self.eval_parts[part]
+        dataset = loader.dataset
+        sampler.set_position(0)
+        batches: Iterable[Batch] = loader
         if self.learner.eval_is_collective:
             # A sharded model all-gathers its weights inside every eval step, so every rank
             # must take as many steps as rank 0 (which holds the most samples): pad with
             # empty batches, which count nothing.
-            most = num_samples_per_rank(len(self.split.test), self.world_size, 0, mode="eval")
-            padding = math.ceil(most / self.config.eval_batch_size) - len(self.eval_loader)
+            most = num_samples_per_rank(len(dataset), self.world_size, 0, mode="eval")
+            padding = math.ceil(most / self.config.eval_batch_size) - len(loader)
             empty = torch.zeros(0, dtype=torch.long)
-            batches = itertools.chain(batches, (fetch_batch(self.split.test, 0, empty)
+            batches = itertools.chain(batches, (fetch_batch(dataset, 0, empty)
                                                 for _ in range(padding)))
         for batch in batches:
             for name, (s, c) in self.learner.eval_step(self._to_device(batch)).items():
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        return _derived(self.learner.end_evaluation(means), "test")
+        return _derived(self.learner.end_evaluation(means), part)
 
-    def _end_epoch(self, train_means: dict[str, float], test_means: dict[str, float]) -> bool:
-        record = {"epoch": self.epoch + 1, "step": self.step, **train_means, **test_means}
+    def _end_epoch(self, train_means: dict[str, float],
+                   evaluated: dict[str, dict[str, float]]) -> bool:
+        record = {"epoch": self.epoch + 1, "step": self.step, **train_means,
+                  **{k: v for means in evaluated.values() for k, v in means.items()}}
         self.history.append(record)
         improved = self.early.update(self.epoch + 1, record)
         if self.rank == 0:
@@ -432,10 +470,13 @@ class Trainer:
     def _summary(self, wall_s: float, samples: int, resumed_from: str | None) -> dict[str, Any]:
         final = self.history[-1] if self.history else {}
         best = self.early.best_epoch
+        chosen = {"monitor": self.monitor, f"best_{self.monitor}": self.early.best} \
+            if self.monitor else {"monitor": None}
         return {
             **{k: v for k, v in final.items() if k.startswith("test_")},
+            **{k: v for k, v in final.items() if k.startswith("val_")},
             "final_epoch": final.get("epoch"), "steps": self.step,
-            "best_epoch": best, f"best_{self.config.monitor}": self.early.best,
+            "best_epoch": best, **chosen,
             "stopped_early": self.early.should_stop and self.epoch < self.config.num_epochs,
             "world_size": self.world_size, "batch_size": self.config.global_batch_size,
             "wall_time_s": wall_s,
@@ -454,7 +495,9 @@ class Trainer:
 
     def _skipped_samples(self) -> dict[str, Any]:
         """Samples the loaders left out (`--bad-images skip`), over every rank: collective."""
-        seen = dd.all_gather_object(sorted(self.loader.skipped | self.eval_loader.skipped))
+        skipped = set(self.loader.skipped).union(
+            *(loader.skipped for _, loader in self.eval_parts.values()))
+        seen = dd.all_gather_object(sorted(skipped))
         reasons = sorted(set().union(*seen))
         if not reasons:
             return {}

@@ -132,8 +132,11 @@ class Split:
     the convention of the dataset's published results (CIFAR-10, ImageNet)."""
     fingerprint: str | None = None
     validation: torch.utils.data.Dataset | None = None
-    """A part held out from both, where the data has one (time series: the time steps
-    between the training and the test part)."""
+    """The part that chooses (early stopping, the best checkpoint), evaluated each epoch as
+    `val_*` metrics; the test part only reports. A time series' time steps between its
+    training and test part, an image folder's val/ beside its test/, your own; else None, and
+    `dptrain train` holds one out of the training part (`--val-size`,
+    `dptrain.data.datasets.holdout.hold_out`)."""
     series: Any = None
     """Time series only: the whole series (`dptrain.data.datasets.series.SeriesData`), for
     multi-step forecasts of the test part."""
@@ -149,6 +152,10 @@ class Split:
             raise DataError(f"{self.name}: train inputs have shape "
                             f"{(len(self.train), *sample_shape(self.train))} but test inputs "
                             f"{(len(self.test), *sample_shape(self.test))}")
+        if self.validation is not None and sample_shape(self.validation) != self.input_shape:
+            raise DataError(f"{self.name}: train inputs have shape "
+                            f"{(len(self.train), *self.input_shape)} but validation inputs "
+                            f"{(len(self.validation), *sample_shape(self.validation))}")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -170,8 +177,9 @@ class Split:
     def __repr__(self) -> str:
         kind = (f"{self.num_classes} classes" if self.num_classes is not None
                 else f"{self.output_dim} target(s)")
+        val = "" if self.validation is None else f", validation {len(self.validation)}"
         return (f"Split({self.name!r}, {self.task}, {kind}, input {self.input_shape}, "
-                f"train {len(self.train)}, test {len(self.test)})")
+                f"train {len(self.train)}{val}, test {len(self.test)})")
 
 
 def sample_shape(dataset: torch.utils.data.Dataset) -> tuple[int, ...]:

@@ -3,6 +3,8 @@
     DIR/train/<class>/*.jpg|jpeg|png|webp
     DIR/val/<class>/...          (or DIR/test/): the layout ImageNet comes in once its
                                  validation images are moved into class folders
+    DIR/test/<class>/...         with val/ too: val/ validates (chooses the best epoch) and
+                                 test/ tests; with one of them alone, it is the test part
 
 Class ids follow the sorted class folder names, which must be the same in both parts. The file
 list is the only thing kept in memory: relative paths in one numpy byte array and int64 labels
@@ -259,18 +261,21 @@ def load_image_folder(directory: str | Path, *, image_size: int = 224, mean: str
         raise ConfigError(f"bad-images: expected error or skip, got {bad_images!r}")
     if image_size < 1:
         raise ConfigError(f"image-size: expected an integer >= 1, got {image_size}")
-    test_part = next((root / p for p in TEST_PARTS if (root / p).is_dir()), None)
-    if not (root / "train").is_dir() or test_part is None:
+    held = [root / p for p in TEST_PARTS if (root / p).is_dir()]
+    if not (root / "train").is_dir() or not held:
         raise DataError(f"{root}: expected the folders train/ and val/ (or test/), each with "
                         f"one folder of images per class")
-    train, test = scan(root / "train"), scan(test_part)
-    if train.classes != test.classes:
-        only = sorted(set(train.classes) ^ set(test.classes))
-        raise DataError(f"{root}: the classes of train/ and {test_part.name}/ differ "
-                        f"({len(train.classes)} vs {len(test.classes)}; in one only: "
-                        f"{', '.join(only[:5]) or 'the order'})")
+    train, test = scan(root / "train"), scan(held[-1])
+    val = scan(held[0]) if len(held) == 2 else None
+    for part, files in ((held[-1], test), *(((held[0], val),) if val is not None else ())):
+        if train.classes != files.classes:
+            only = sorted(set(train.classes) ^ set(files.classes))
+            raise DataError(f"{root}: the classes of train/ and {part.name}/ differ "
+                            f"({len(train.classes)} vs {len(files.classes)}; in one only: "
+                            f"{', '.join(only[:5]) or 'the order'})")
     skip_bad = bad_images == "skip"
-    channels = 1 if is_grey(train, skip_bad) and is_grey(test, skip_bad) else 3
+    channels = 1 if all(is_grey(files, skip_bad) for files in (train, test, val)
+                        if files is not None) else 3
     evaluation, skip = ImageTransform(image_size), bad_images == "skip"
     unit = Normalisation(torch.zeros(channels, 1, 1), torch.ones(channels, 1, 1))
     if bool(mean) != bool(std):
@@ -282,8 +287,12 @@ def load_image_folder(directory: str | Path, *, image_size: int = 224, mean: str
     else:
         norm = estimate_normalisation(ImageFolderDataset(train, evaluation, channels, unit,
                                                          skip_bad=skip))
+    validation = None if val is None else \
+        ImageFolderDataset(val, evaluation, channels, norm, skip_bad=skip)
     return Split(name="imagefolder", task="classification", num_classes=len(train.classes),
                  x_norm=norm, augment_by_default=True,
                  train=ImageFolderDataset(train, evaluation, channels, norm, skip_bad=skip),
                  test=ImageFolderDataset(test, evaluation, channels, norm, skip_bad=skip),
-                 fingerprint=f"{train.fingerprint()}:{test.fingerprint()}")
+                 validation=validation,
+                 fingerprint=":".join(files.fingerprint() for files in (train, test, val)
+                                      if files is not None))

@@ -9,7 +9,9 @@ Times are labels: numbers (sorted as numbers) or anything else sorted as text, s
 `NA` is a missing value.
 
 Each series is split by time, never shuffled across the split: its first `train_fraction`
-of time steps train, the next `val_fraction` validate, the rest test. It is standardised
+of time steps train, the next `val_fraction` validate, the rest test (or the last `test_size`
+steps test and the `val_size` before them validate, each a count of time steps or a fraction
+of the series: `dptrain.data.datasets.sizes`). It is standardised
 with the mean and std of its own training part. A window holds `lookback` values as input and
 the `horizon` values that follow as targets; it belongs to the part its targets lie in (its
 inputs may reach back into the part before: they are observed past). Missing targets stay
@@ -34,6 +36,7 @@ import torch
 
 from dptrain.data.datasets._files import read_bytes
 from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
+from dptrain.data.datasets.sizes import series_ends
 from dptrain.errors import ConfigError, DataError
 
 ID_COLUMNS = ("series", "series_id", "id")
@@ -147,7 +150,9 @@ def with_series_ids(split: Split) -> Split:
 
 
 def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
-                train_fraction: float = 0.7, val_fraction: float = 0.1) -> Split:
+                train_fraction: float = 0.7, val_fraction: float = 0.1,
+                val_size: str | int | float | None = None,
+                test_size: str | int | float | None = None) -> Split:
     """Windows of the series in a CSV file (layouts in the module docstring).
 
     Raises:
@@ -158,25 +163,28 @@ def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
     names, times, values = read_series_csv(path)
     return series_split(Path(path).stem, names, times, values, lookback=lookback,
                         horizon=horizon, train_fraction=train_fraction,
-                        val_fraction=val_fraction, dataset=str(path))
+                        val_fraction=val_fraction, val_size=val_size, test_size=test_size,
+                        dataset=str(path))
 
 
 def series_split(name: str, names: list[str], times: list[str], values: np.ndarray, *,
                  lookback: int, horizon: int, train_fraction: float = 0.7,
-                 val_fraction: float = 0.1, dataset: str | None = None) -> Split:
+                 val_fraction: float = 0.1, val_size: str | int | float | None = None,
+                 test_size: str | int | float | None = None, dataset: str | None = None
+                 ) -> Split:
     """The train/test windows of raw `values` (S, T) (NaN: missing), with their `SeriesData`
     on `split.series` and the validation windows on `split.validation`; errors name `dataset`
     (default: `name`)."""
     where = dataset or name
     _check_sizes(where, lookback, horizon, train_fraction, val_fraction)
     num_steps = values.shape[1]
-    # rounded first: 0.7 + 0.1 is 0.7999..., which would lose a step to the floor
-    train_end = math.floor(round(train_fraction * num_steps, 6))
-    val_end = math.floor(round((train_fraction + val_fraction) * num_steps, 6))
+    train_end, val_end = series_ends(num_steps, val_size=val_size, test_size=test_size,
+                                     where=where, train_fraction=train_fraction,
+                                     val_fraction=val_fraction)
     if lookback + horizon > train_end:
         raise DataError(f"{where}: lookback {lookback} + horizon {horizon} need "
                         f"{lookback + horizon} time steps, but the training part has "
-                        f"{train_end} ({train_fraction:g} of {num_steps})")
+                        f"{train_end} of {num_steps}")
     if num_steps - val_end < horizon:
         raise DataError(f"{where}: the test part has {num_steps - val_end} time steps, fewer "
                         f"than the horizon {horizon}")

@@ -21,7 +21,9 @@ SINE_LENGTH = 1156
 
 
 def load_sine(*, lookback: int = 24, horizon: int = 1, length: int = SINE_LENGTH,
-              period: float = SINE_PERIOD, noise_std: float = 0.3, seed: int = 0) -> Split:
+              period: float = SINE_PERIOD, noise_std: float = 0.3, seed: int = 0,
+              val_size: str | int | float | None = None,
+              test_size: str | int | float | None = None) -> Split:
     """One series 5·(1 + sin(2πt/period)) + ε, t = 0, 1, ... days, ε ~ N(0, noise_std²):
     the shape of pytagi's toy sine (amplitude 5 around 5), with a little noise so that a
     predictive distribution has something to be calibrated on."""
@@ -30,12 +32,13 @@ def load_sine(*, lookback: int = 24, horizon: int = 1, length: int = SINE_LENGTH
     noise = _noise(seed, (1, length), noise_std)
     values = 5.0 * (1.0 + np.sin(2 * np.pi * t / period))[None] + noise
     return series_split("sine", ["sine"], _days(length), values, lookback=lookback,
-                        horizon=horizon)
+                        horizon=horizon, val_size=val_size, test_size=test_size)
 
 
 def load_seasonal(*, lookback: int = 24, horizon: int = 1, num_series: int = 4,
                   length: int = 480, period: int = 24, noise_std: float = 0.2,
-                  seed: int = 0) -> Split:
+                  seed: int = 0, val_size: str | int | float | None = None,
+                  test_size: str | int | float | None = None) -> Split:
     """`num_series` hourly series, each a level, a small linear trend and a daily (`period`)
     cycle with its own amplitude and phase, plus noise ε ~ N(0, noise_std²) relative to the
     amplitude: a global model learns the shared shape across them."""
@@ -54,7 +57,8 @@ def load_seasonal(*, lookback: int = 24, horizon: int = 1, num_series: int = 4,
     values = values + amplitude * noise_std * rng.standard_normal(values.shape)
     names = [f"series{s}" for s in range(num_series)]
     return series_split("seasonal", names, [str(int(h)) for h in t[0]], values,
-                        lookback=lookback, horizon=horizon)
+                        lookback=lookback, horizon=horizon, val_size=val_size,
+                        test_size=test_size)
 
 
 def _check(length: int, noise_std: float) -> None:

@@ -14,7 +14,8 @@
                      train=Squares(200), test=Squares(50))
 
 The contract: `FUNCTION()` takes no argument and returns a `dptrain.data.Split` whose `train`
-and `test` are map-style datasets (`__len__`, and `dataset[i]` -> `(x, y)` with `x` a float
+and `test` (and, optionally, `validation`: the part that picks the best epoch; without one,
+`--val-size` of `train` is held out for it) are map-style datasets (`__len__`, and `dataset[i]` -> `(x, y)` with `x` a float
 tensor, the same shape for every sample, as the network should see it); `task` is
 "classification" (then `num_classes` K and each `y` a class id in [0, K), int or 0-d int64
 tensor) or "regression" (`num_classes` None and each `y` a float tensor of the targets).
@@ -45,8 +46,9 @@ def load_user_dataset(spec: str) -> Split:
     if not isinstance(split, Split):
         raise ConfigError(f"--dataset {spec}: returned a {type(split).__name__}; expected a "
                           f"dptrain.data.Split (see dptrain.data.datasets.user_data)")
-    for part in ("train", "test"):
-        _check_sample(spec, part, getattr(split, part), split)
+    for part in ("train", "validation", "test"):
+        if getattr(split, part) is not None:
+            _check_sample(spec, part, getattr(split, part), split)
     return split
 
 
