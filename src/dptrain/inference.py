@@ -67,7 +67,8 @@ class TrainedRun:
         self._sigma_v = sigma_v
         self._split = split
         if kind == "tagi" and split.task == "classification":
-            self.hrc = HRCSoftmax(split.num_classes)
+            # the run's own link; a run recorded before the option existed gets the default
+            self.hrc = HRCSoftmax(split.num_classes, link=pick(LearnerConfig, record).hrc_link)
 
     # --------------------------------------------------------------------------------- data
     def load_data(self, spec: str | None = None):

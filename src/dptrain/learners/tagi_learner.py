@@ -19,6 +19,7 @@ from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
+from dptrain.tagi.hrc_softmax import LINKS, Link
 
 if TYPE_CHECKING:
     from dptrain.data import Split
@@ -61,6 +62,9 @@ class TagiLearner:
             then unused.
         stop_on_collapse: raise `TrainingCollapsed` after the evaluation that finds the run
             collapsed (`dptrain.learners.collapse`) instead of warning and going on.
+        hrc_link: classification only: how the hierarchical softmax turns output moments into
+            class probabilities (`HRCSoftmax`'s `link`): "mean" (calibrated on noisy labels, the
+            default) or "probit" (pytagi's); it changes no update (docs/tagi.md, Calibration).
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
     element), and `log_likelihood` of the targets under the predictive distribution; for
@@ -79,7 +83,7 @@ class TagiLearner:
                  num_classes: int | None = None, sigma_v: float = 0.05,
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
-                 stop_on_collapse: bool = False) -> None:
+                 stop_on_collapse: bool = False, hrc_link: Link = "mean") -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -93,7 +97,9 @@ class TagiLearner:
                          "sigma_v_decay": sigma_v_decay}
         self.epoch = 0
         self.heteroscedastic = heteroscedastic
-        self.hrc = HRCSoftmax(num_classes) if task == "classification" else None
+        if hrc_link not in LINKS:
+            raise ConfigError(f"hrc-link must be one of {', '.join(LINKS)}, got {hrc_link!r}")
+        self.hrc = HRCSoftmax(num_classes, link=hrc_link) if task == "classification" else None
         self.y_scale = None if y_scale is None else torch.as_tensor(y_scale).reshape(-1)
         self.updater = OutputUpdater(model.device)
         self.net: DDPSequential | None = None
