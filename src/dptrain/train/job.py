@@ -95,7 +95,7 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     # Two samples at least: BatchNorm needs two values per channel to train.
     train = learner.train_step(fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
     tested = learner.eval_step(fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
-    names = [*metric_names(train, "train"),
+    names = [*metric_names(learner.end_training(means(train)), "train"),
              *metric_names(learner.end_evaluation(means(tested)), "test")]
     return sorted(set(names))
 
