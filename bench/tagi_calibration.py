@@ -8,12 +8,16 @@ writes bench/results/tagi_calibration.json.
 
 Data: `blobs` (three unit-variance Gaussian classes in 5 dimensions whose means are 2.5 apart,
 Bayes error 17.6 %, 2,000 training and 2,000 test samples drawn from the seed) and `digits`
-(8x8, 1437 / 360, clean labels). Every run: the registry's MLP (2 ReLU layers of 128), batch
+(8x8, 1437 / 360, clean labels); and the same digits as MNIST files (28x28, 1500 / 297, as
+bench/tagi_stability.py writes them) for the registry's `tagi-cnn`, 3 epochs, 3 seeds, auto
+against probit. Every MLP run: the registry's MLP (2 ReLU layers of 128), batch
 32, one permutation per epoch from `numpy.random.default_rng(seed)`, float32, one thread; 20
 epochs on blobs, 10 on digits (the demo's). ECE is `dptrain.learners.calibration`'s (10
 equal-width bins of the top class probability), the figure the learner reports.
 
 Candidates:
+- `tagi-mlp default (auto)`: the registry's TAGI MLP through its learner with every default
+  (σ_v 0.05, `hrc_link` auto), and the link it chose (`link` per seed);
 - `torch-mlp`: the registry's torch MLP, cross-entropy, Adam at dptrain's default 3e-3 (the
   reference the issue compares with);
 - `hrc sv=S link=L`: the hierarchical softmax trained with σ_v S, its class probabilities by
@@ -33,7 +37,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +48,18 @@ from torch import nn
 
 from dptrain.data import load_dataset
 from dptrain.data.datasets.blobs import bayes_probabilities
+from dptrain.data.loader import fetch_batch
+from dptrain.dist import Runtime, means
+from dptrain.dist.env import SINGLE
+from dptrain.learners.build import create_learner
 from dptrain.learners.calibration import (calibration_sums, expected_calibration_error,
                                           pop_calibration)
+from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.models import ModelOptions, build_model
 from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Remax, Sequential, manual_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _digit_files import write_mnist_digits  # noqa: E402
 from _machine import command_line  # noqa: E402
 from tagi_vs_pytagi import BENCH_DIR, git_describe, hardware, write_json  # noqa: E402
 
@@ -56,6 +68,7 @@ BATCH, HIDDEN = 32, 128
 EPOCHS = {"blobs": 20, "digits": 10}
 SIGMAS = (0.05, 0.5)
 LINKS = ("probit", "mean")
+MNIST_EPOCHS, MNIST_SEEDS = 3, 3
 NODE_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0, float("inf"))
 
 
@@ -122,6 +135,29 @@ def train_torch(split, seed: int, epochs: int) -> nn.Module:
     return net.eval()
 
 
+def train_default(split, seed: int, epochs: int, model: str = "tagi-mlp", **learner_options
+                  ) -> tuple[str, torch.Tensor]:
+    """A registry model through its learner (defaults: `hrc_link` auto), driven as the Trainer
+    drives it on one process: (the link it chose, its test class probabilities)."""
+    learner = create_learner(ModelConfig(model=model), LearnerConfig(**learner_options), split,
+                             seed=seed)
+    learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+    rng = np.random.default_rng(seed)
+    for epoch in range(epochs):
+        learner.set_epoch(epoch)
+        sums: dict[str, tuple[float, float]] = {}
+        for b in batches(len(split.train), rng):
+            for name, (s, c) in learner.train_step(fetch_batch(split.train, 0, b)).items():
+                total = sums.get(name, (0.0, 0.0))
+                sums[name] = (total[0] + s, total[1] + c)
+        learner.end_training(means(sums))
+    learner.net.eval()
+    with torch.no_grad():
+        x_test = fetch_batch(split.test, 0, torch.arange(len(split.test)))[0]
+        mu, var = (t.double() for t in learner.net(x_test))
+    return learner.hrc.link, learner.hrc.probabilities(mu, var)
+
+
 def node_table(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
                ) -> list[dict[str, float]]:
     """The observed nodes of the test set by |m|: count, share right, each link's value."""
@@ -162,6 +198,8 @@ def run_dataset(name: str, seeds: int) -> tuple[dict[str, list[dict]], list[dict
         reference = train_torch(split, seed, epochs)
         with torch.no_grad():
             add("torch-mlp", scores(torch.softmax(reference(x_te).double(), 1), y_te))
+        link, probs = train_default(split, seed, epochs)
+        add("tagi-mlp default (auto)", {**scores(probs, y_te), "link": link})
         for sigma_v in SIGMAS:
             net = train_tagi(split, seed, sigma_v, "hrc", epochs)
             mu, var = (t.double() for t in net(x_te))
@@ -178,12 +216,33 @@ def run_dataset(name: str, seeds: int) -> tuple[dict[str, list[dict]], list[dict
     return results, nodes
 
 
+def run_mnist_digits(seeds: int) -> dict[str, list[dict]]:
+    """The registry's tagi-cnn on the digits as MNIST files (28x28), 3 epochs: auto against
+    pytagi's probit, the accuracy the default must keep."""
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        split = load_dataset(f"mnist:{write_mnist_digits(Path(tmp) / 'mnist')}")
+        labels = fetch_batch(split.test, 0, torch.arange(len(split.test)))[1]
+        for seed in range(seeds):
+            start = time.perf_counter()
+            for link in ("auto", "probit"):
+                chosen, probs = train_default(split, seed, MNIST_EPOCHS, "tagi-cnn",
+                                              hrc_link=link)
+                results.setdefault(f"tagi-cnn hrc_link={link}", []).append(
+                    {"seed": seed, **scores(probs, labels), "link": chosen})
+            print(f"mnist-digits seed {seed}: {time.perf_counter() - start:.1f} s", flush=True)
+    return results
+
+
 def summarise(runs: list[dict]) -> dict[str, float]:
     out = {}
     for key in ("ece", "error", "confidence"):
         values = [r[key] for r in runs]
         out[f"{key}_mean"] = statistics.fmean(values)
         out[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    links = sorted({r["link"] for r in runs if "link" in r})
+    if links:
+        out["links_chosen"] = links
     return out
 
 
@@ -210,6 +269,14 @@ def main(argv: list[str] | None = None) -> None:
         for row in nodes:
             print(f"    {row['abs_m_low']:.2f}-{row['abs_m_high']:.2f} {row['count']:6d} "
                   f"{row['share_right']:.3f} {row['probit_link']:.3f} {row['mean_link']:.3f}")
+    runs = run_mnist_digits(min(args.seeds, MNIST_SEEDS))
+    summary = {key: summarise(r) for key, r in runs.items()}
+    record["mnist_digits"] = {"epochs": MNIST_EPOCHS, "summary": summary, "runs": runs}
+    print(f"\nMNIST-format digits ({min(args.seeds, MNIST_SEEDS)} seeds, tagi-cnn, "
+          f"{MNIST_EPOCHS} epochs)")
+    for key, s in summary.items():
+        print(f"  {key:26s} ECE {s['ece_mean']:.3f}  error {100 * s['error_mean']:.2f} %  "
+              f"link {s.get('links_chosen')}")
     if not args.no_json:
         write_json(args.output, {"command": command_line(), "seeds": args.seeds,
                                  "batch_size": BATCH, "hidden": HIDDEN, **record,
