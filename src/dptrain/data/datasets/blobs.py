@@ -1,10 +1,10 @@
 """Three overlapping Gaussian classes: a classification set whose best possible error and
 whose true class probabilities are known, for measuring calibration on noisy labels.
 
-Class k (k = 0, 1, 2) is N(s·e_k, I) in 5 dimensions with s = 2.5/√2, so every two class means
-are 2.5 apart. With equal priors the Bayes classifier picks the largest of x_0, x_1, x_2, and its
-error is 1 − ∫ φ(x − s) Φ(x)² dx = 17.6 %: about one label in six is on the "wrong" side, so a
-model that is right 82 % of the time should be about 82 % confident on average.
+Class k (k = 0, 1, 2) is N(s·e_k, I) in 5 dimensions with s = 2.5/√2, so every two class
+means are 2.5 apart. With equal priors the Bayes classifier picks the largest of x_0, x_1, x_2,
+and its error is 1 − ∫ φ(x − s) Φ(x)² dx = 17.6 %: about one label in six lies on the "wrong"
+side, so a model that is right 82 % of the time should be about 82 % confident on average.
 """
 
 from __future__ import annotations
