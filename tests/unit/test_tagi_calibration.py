@@ -134,3 +134,29 @@ def test_auto_keeps_pytagis_link_on_clean_labels(tmp_path):
     for key in ("test_error", "test_ece", "test_log_likelihood"):
         assert auto[key] == probit[key], key
     assert math.isfinite(auto["test_ece"])
+
+
+@pytest.mark.e2e
+def test_a_run_on_noisy_labels_predicts_with_the_link_it_chose(tmp_path):
+    """`dptrain train` on blobs records the mean link in summary.json and in its checkpoint;
+    the run loaded back (`load_run`, what `dptrain predict` uses) decodes with it, so its
+    probabilities give the run's own test ECE and error; pytagi's probit would not."""
+    from dptrain.cli.main import main
+    from dptrain.inference import load_run
+    from tests.e2e.test_train_uncertainty import _direct_calibration, _summary
+
+    out = tmp_path / "run"
+    assert main(["train", "--model", "tagi-mlp", "--dataset", "blobs", "--nproc", "1",
+                 "--epochs", "2", "--no-progress", "--out", str(out)]) == 0
+    summary = _summary(out)
+    assert summary["hrc_link"] == "mean"
+    run = load_run(out, which="last")
+    assert run.hrc.link == "mean"
+    pred = run.predict_split(run.load_data())
+    ece = sum(b["gap"] for b in _direct_calibration(pred.mean, pred.targets))
+    assert ece == pytest.approx(summary["test_ece"], abs=1e-5)
+    error = (pred.labels != pred.targets).double().mean().item()
+    assert summary["test_error"] == pytest.approx(error, abs=1e-9)
+    mu, var = run.model.eval()(run.load_data().test.x)
+    probit = HRCSoftmax(3).probabilities(mu.double(), var.double())
+    assert sum(b["gap"] for b in _direct_calibration(probit, pred.targets)) > ece + 0.03
