@@ -359,7 +359,8 @@ class TagiLearner:
 
 
 _CLASS_PREFIX = "pred_class"
-_LINK_PREFIX = "hrc_link_log_likelihood_"
+_LINK_PREFIX = "_hrc_link_log_likelihood_"
+"""Train metrics for `end_training` alone (the leading "_": not shown by the progress bar)."""
 
 
 def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.Tensor,
