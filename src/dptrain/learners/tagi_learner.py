@@ -368,9 +368,9 @@ def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.T
     """Per link, the log-likelihood of the batch's labels under its class probabilities."""
     n = float(labels.shape[0])
     at = labels.long().reshape(-1, 1)
-    return {f"{_LINK_PREFIX}{link}": (hrc.probabilities(mu, var).gather(1, at)
-                                      .clamp_min(1e-12).log().sum().item(), n)
-            for link, hrc in decoders.items()}
+    sums = torch.stack([hrc.probabilities(mu, var).gather(1, at).clamp_min(1e-12).log().sum()
+                        for hrc in decoders.values()]).tolist()  # one device sync for both
+    return {f"{_LINK_PREFIX}{link}": (total, n) for link, total in zip(decoders, sums)}
 
 
 def _class_counts(probs: torch.Tensor) -> Metrics:

@@ -35,6 +35,10 @@ LINKS = ("probit", "mean")
 Link = Literal["probit", "mean"]
 
 
+def _normal_pdf(t: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
+
+
 def _mean_link(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     """P_n = E[clip((1 + Z)/2, 0, 1)] for Z ~ N(m_n, v_n): the share of +1 observations that a
     Gaussian fit of ±1 targets estimates, m = 2P − 1, averaged over the output's uncertainty
@@ -42,9 +46,8 @@ def _mean_link(mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     std = var.clamp_min(1e-30).sqrt()
     low, high = (-1.0 - mu) / std, (1.0 - mu) / std
     cdf_low, cdf_high = torch.special.ndtr(low), torch.special.ndtr(high)
-    pdf = lambda t: torch.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)  # noqa: E731
     # E[clip(Z, -1, 1)] = -P(Z < -1) + P(Z > 1) + E[Z; -1 <= Z <= 1]
-    clipped = (mu * (cdf_high - cdf_low) + std * (pdf(low) - pdf(high))
+    clipped = (mu * (cdf_high - cdf_low) + std * (_normal_pdf(low) - _normal_pdf(high))
                - cdf_low + (1.0 - cdf_high))
     return (0.5 * (1.0 + clipped)).clamp_(0.0, 1.0)
 
