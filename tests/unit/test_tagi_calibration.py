@@ -60,6 +60,9 @@ def test_blobs_is_the_documented_problem():
     assert abs(error.item() - BAYES_ERROR) < 0.005
     again = load_dataset("blobs", seed=3, num_train=10, num_test=100_000)
     assert torch.equal(again.test.x, split.test.x)
+    with pytest.raises(ConfigError, match="blobs needs num_train >= 1 and num_test >= 1, got "
+                                          "num_train=0, num_test=5"):
+        load_dataset("blobs", num_train=0, num_test=5)
 
 
 def _fit(split, tmp_path, model: str, seed: int, epochs: int, **learner) -> dict:
