@@ -8,6 +8,7 @@ the TAGI MLP's ECE 0.11 there (mean confidence 0.93 for 82 % accuracy); the torc
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from datetime import timedelta
@@ -163,3 +164,28 @@ def test_a_run_on_noisy_labels_predicts_with_the_link_it_chose(tmp_path):
     mu, var = run.model.eval()(run.load_data().test.x)
     probit = HRCSoftmax(3).probabilities(mu.double(), var.double())
     assert sum(b["gap"] for b in _direct_calibration(probit, pred.targets)) > ece + 0.03
+
+
+@pytest.mark.e2e
+def test_a_run_killed_mid_epoch_chooses_the_same_link(tmp_path):
+    """SIGKILL rank 1 mid-epoch 2 (step 88, 63 steps an epoch, last checkpoint at step 80):
+    the resumed run decodes with the link chosen after epoch 1 (the learner's state), and
+    chooses the next from the whole epoch's training labels (the partial sums come back with
+    the checkpoint), so its epochs.csv (train metrics and ECE per epoch) and its link are the
+    uninterrupted run's, byte for byte. Without the link in the state, epoch 2's training
+    error differs."""
+    from tests._cli import dptrain_cmd, run
+
+    common = ["train", "--dataset", "blobs", "--epochs", "2", "--hidden", "32",
+              "--checkpoint-every", "10", "--no-progress"]
+    clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
+    assert clean.returncode == 0, clean.output
+    killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:88",
+                             "--max-restarts", "1"), timeout_s=240)
+    assert killed.returncode == 0, killed.output
+    assert "resumed from" in killed.stdout and "step-00000080" in killed.stdout
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text())
+                 for name in ("clean", "killed")]
+    assert summaries[0]["hrc_link"] == summaries[1]["hrc_link"] == "mean"
+    assert (tmp_path / "killed" / "epochs.csv").read_bytes() == \
+        (tmp_path / "clean" / "epochs.csv").read_bytes()
