@@ -58,7 +58,7 @@ class TrainedRun:
     """The model of one run, with the run's input normalisation and output decoding."""
 
     def __init__(self, run_dir: Path, checkpoint: Path, record: dict[str, Any], split: Any,
-                 model: Any, kind: str, sigma_v: float) -> None:
+                 model: Any, kind: str, sigma_v: float, hrc_link: str = "probit") -> None:
         self.run_dir, self.checkpoint, self.model, self.kind = run_dir, checkpoint, model, kind
         self.model_config = pick(ModelConfig, record)
         self.dataset: str = record["dataset"]
@@ -67,7 +67,7 @@ class TrainedRun:
         self._sigma_v = sigma_v
         self._split = split
         if kind == "tagi" and split.task == "classification":
-            self.hrc = HRCSoftmax(split.num_classes)
+            self.hrc = HRCSoftmax(split.num_classes, link=hrc_link)
 
     # --------------------------------------------------------------------------------- data
     def load_data(self, spec: str | None = None):
@@ -245,7 +245,10 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     saved_sigma = state["learner"].get("sigma_v") if kind == "tagi" else None
     if saved_sigma is not None:
         sigma_v = saved_sigma["current"]
-    return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v)
+    # the class-probability link the run decoded with at that checkpoint; pytagi's probit for
+    # a checkpoint written before the link could be chosen
+    hrc_link = (state["learner"].get("hrc_link") if kind == "tagi" else None) or "probit"
+    return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v, hrc_link)
 
 
 def write_forecast(path: str | Path, forecast: Forecast, series: Any) -> None:

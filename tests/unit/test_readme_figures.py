@@ -235,3 +235,11 @@ def test_stability_table_is_tagi_stability_json(dataset):
         s = config["summary"]
         _row(f"| `{dataset}` | {label} |", f"{s['collapsed']} / {s['runs']}",
              f"{s['median_test_error_percent']:.1f}")
+
+
+def test_calibration_figures_are_their_json():
+    """The README's ECEs on overlapping classes (tagi_calibration.json, 5 seeds' means)."""
+    blobs = _load("tagi_calibration.json")["blobs"]["summary"]
+    auto, probit = blobs["tagi-mlp default (auto)"], blobs["hrc sv=0.05 link=probit"]
+    _in_readme(f"on noisy labels ECE {auto['ece_mean']:.3f} where pytagi's link gives "
+               f"{probit['ece_mean']:.3f} and a torch MLP {blobs['torch-mlp']['ece_mean']:.3f}")

@@ -25,7 +25,8 @@ class DataConfig:
     """The data of a run."""
 
     dataset: str = "digits"
-    """digits, digits-image, diabetes, toy1d, toy1d-hetero, mnist:DIR, fashion-mnist:DIR,
+    """digits, digits-image, diabetes, toy1d, toy1d-hetero, blobs (3 overlapping classes),
+    mnist:DIR, fashion-mnist:DIR,
     cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
     npz:PATH, time series: sine, seasonal, series:PATH.csv (docs/forecasting.md), or
     PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own datasets (see

@@ -109,6 +109,12 @@ class LearnerConfig:
     stop_on_collapse: bool = field(default=False, metadata=resumable())
     """TAGI: stop with exit status 7 once an evaluation finds the run collapsed (predictions
     that no longer depend on the input) instead of warning and training on."""
+    hrc_link: Literal["auto", "mean", "probit"] = field(default="auto",
+                                                        metadata=cli(choices=True))
+    """TAGI classification: how class probabilities come from the outputs' moments: the mean
+    link (calibrated on noisy labels), pytagi's probit (clean labels), or auto: after each
+    epoch the one that scored that epoch's training labels better (docs/tagi.md,
+    Calibration)."""
     lr: float = 3e-3
     """Learning rate of the torch models' optimiser (Adam)."""
     strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata=cli(choices=True))
@@ -119,6 +125,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if self.strategy not in ("ddp", "fsdp"):
             raise bad_value(self, "strategy", "ddp or fsdp")
+        if self.hrc_link not in ("auto", "mean", "probit"):
+            raise bad_value(self, "hrc_link", "auto, mean or probit")
         check_at_least(self, ("accumulation_steps",), 1)
         check_sigma_v_schedule(self.sigma_v, self.sigma_v_min, self.sigma_v_decay)
         if self.lr <= 0:

@@ -55,6 +55,12 @@ class Learner(Protocol):
         """Metrics of the current model on a batch; changes nothing; local unless
         `eval_is_collective`."""
 
+    def end_training(self, means: dict[str, float]) -> dict[str, float]:
+        """Every rank, after each training epoch, with the means of `train_step`'s metrics over
+        the epoch's samples (a resumed epoch's included): the metrics to report. A learner may
+        take out terms it keeps for itself, named with a leading "_" (TAGI chooses its
+        class-probability link from them), before the evaluation that follows."""
+
     def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
         """Every rank, after each evaluation, with the means of `eval_step`'s metrics over every
         test sample: the metrics to report, with terms that only make sense summed over the

@@ -19,6 +19,7 @@ from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
+from dptrain.tagi.hrc_softmax import LINKS, Link
 
 if TYPE_CHECKING:
     from dptrain.data import Split
@@ -61,6 +62,13 @@ class TagiLearner:
             then unused.
         stop_on_collapse: raise `TrainingCollapsed` after the evaluation that finds the run
             collapsed (`dptrain.learners.collapse`) instead of warning and going on.
+        hrc_link: classification only: how the hierarchical softmax turns output moments into
+            class probabilities (`HRCSoftmax`'s `link`, docs/tagi.md, Calibration): "mean" (for
+            noisy labels), "probit" (pytagi's, for clean ones) or "auto" (the default): after
+            each training epoch, the link under which that epoch's training labels were more
+            likely, each scored by the forward pass before its update (`end_training`); pytagi's
+            probit until the first epoch ends. It changes no update, only the probabilities,
+            and with them the predicted class.
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
     element), and `log_likelihood` of the targets under the predictive distribution; for
@@ -79,7 +87,8 @@ class TagiLearner:
                  num_classes: int | None = None, sigma_v: float = 0.05,
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
-                 stop_on_collapse: bool = False) -> None:
+                 stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto"
+                 ) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -93,7 +102,14 @@ class TagiLearner:
                          "sigma_v_decay": sigma_v_decay}
         self.epoch = 0
         self.heteroscedastic = heteroscedastic
-        self.hrc = HRCSoftmax(num_classes) if task == "classification" else None
+        if hrc_link not in ("auto", *LINKS):
+            raise ConfigError(f"hrc-link must be auto, {' or '.join(LINKS)}, got {hrc_link!r}")
+        self.hrc_link = hrc_link
+        self.hrc: HRCSoftmax | None = None
+        """The decoder in use (its `link`: the chosen one when `hrc_link` is auto)."""
+        if task == "classification":
+            self._decoders = {link: HRCSoftmax(num_classes, link=link) for link in LINKS}
+            self.hrc = self._decoders["probit" if hrc_link == "auto" else hrc_link]
         self.y_scale = None if y_scale is None else torch.as_tensor(y_scale).reshape(-1)
         self.updater = OutputUpdater(model.device)
         self.net: DDPSequential | None = None
@@ -151,6 +167,8 @@ class TagiLearner:
         net.train()
         mu, var = net(x)
         metrics = self._metrics(mu, var, y)
+        if self.hrc is not None and self.hrc_link == "auto":
+            metrics.update(_link_scores(self._decoders, mu, var, y))
         noise = self.sigma_v ** 2
         if self.hrc is not None:
             obs, idx = self.hrc.encode(y, dtype=mu.dtype)
@@ -165,6 +183,15 @@ class TagiLearner:
         net.backward()
         net.step()
         return metrics
+
+    def end_training(self, means: dict[str, float]) -> dict[str, float]:
+        """Takes out the links' scores; with `hrc_link` auto, the better one decodes from now
+        on (the same on every rank: the means are over all of them)."""
+        scores = {link: means.pop(f"{_LINK_PREFIX}{link}", math.nan) for link in LINKS}
+        if self.hrc is not None and self.hrc_link == "auto" \
+                and all(math.isfinite(v) for v in scores.values()):
+            self.hrc = self._decoders[max(LINKS, key=lambda link: (scores[link], link))]
+        return means
 
     def eval_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
@@ -253,7 +280,8 @@ class TagiLearner:
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(),
                 "sigma_v": {**self.schedule, "epoch": self.epoch, "current": self.sigma_v},
-                "average_over": self.average_over}
+                "average_over": self.average_over,
+                "hrc_link": None if self.hrc is None else self.hrc.link}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -262,6 +290,8 @@ class TagiLearner:
             self.schedule = {k: saved[k] for k in ("sigma_v", "sigma_v_min", "sigma_v_decay")}
             self.epoch, self.sigma_v = saved["epoch"], saved["current"]
         self._restore_average_over(state.get("average_over"))
+        if self.hrc is not None and state.get("hrc_link") in LINKS:  # the link chosen so far
+            self.hrc = self._decoders[state["hrc_link"]]
 
     def _restore_average_over(self, saved: int | None) -> None:
         """Average mode continues dividing by the world size the run started on."""
@@ -308,6 +338,8 @@ class TagiLearner:
         and for 1-D regression predictions.png: the predictive mean with its epistemic ±2σ
         band inside the total one (with the observation noise), in the data's own units."""
         summary = {**calibration.report(out_dir, self.calibration), "collapse": self.collapse}
+        if self.hrc is not None:
+            summary["hrc_link"] = self.hrc.link
         if split.series is not None:
             summary.update(forecast_report(self.predict_moments, split.series, out_dir))
         if out_dir is not None and self.task == "regression" and split.input_shape == (1,):
@@ -327,6 +359,18 @@ class TagiLearner:
 
 
 _CLASS_PREFIX = "pred_class"
+_LINK_PREFIX = "_hrc_link_log_likelihood_"
+"""Train metrics for `end_training` alone (the leading "_": not shown by the progress bar)."""
+
+
+def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.Tensor,
+                 labels: torch.Tensor) -> Metrics:
+    """Per link, the log-likelihood of the batch's labels under its class probabilities."""
+    n = float(labels.shape[0])
+    at = labels.long().reshape(-1, 1)
+    sums = torch.stack([hrc.probabilities(mu, var).gather(1, at).clamp_min(1e-12).log().sum()
+                        for hrc in decoders.values()]).tolist()  # one device sync for both
+    return {f"{_LINK_PREFIX}{link}": (total, n) for link, total in zip(decoders, sums)}
 
 
 def _class_counts(probs: torch.Tensor) -> Metrics:

@@ -312,6 +312,9 @@ class TorchLearner:
                 f"{', '.join(map(str, ranks))}{mine}; no rank updated the parameters. Check the "
                 f"inputs for NaN/inf, or lower the learning rate")
 
+    def end_training(self, means: dict[str, float]) -> dict[str, float]:
+        return means
+
     def eval_step(self, batch: Batch) -> Metrics:
         """Metrics of the current model on `batch` under no_grad; changes nothing.
 

@@ -114,7 +114,7 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     tested = learner.eval_step(fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
     evaluated = learner.end_evaluation(means(tested))
     parts = ("val", "test") if split.validation is not None else ("test",)
-    names = [*metric_names(train, "train"),
+    names = [*metric_names(learner.end_training(means(train)), "train"),
              *(name for part in parts for name in metric_names(evaluated, part))]
     return sorted(set(names))
 

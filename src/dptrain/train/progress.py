@@ -29,7 +29,9 @@ class Progress:
         self.bar.update(1)
         elapsed = self.bar.format_dict["elapsed"] or 1e-9
         self.samples += global_samples
-        shown = {k: f"{s / c:.4g}" for k, (s, c) in self.sums.items() if c}
+        # a name starting with "_" is the learner's own bookkeeping (Learner.end_training)
+        shown = {k: f"{s / c:.4g}" for k, (s, c) in self.sums.items()
+                 if c and not k.startswith("_")}
         self.bar.set_postfix(samples_per_s=f"{self.samples / elapsed:.0f}", **shown,
                              refresh=False)
 

@@ -287,7 +287,8 @@ class Trainer:
         self._epoch_sums = {}
         # The ranks' own counts: an uneven last step holds fewer than world size x rank 0's.
         seen = sum(dd.all_gather_object(seen))
-        return _derived(dd.means(dd.reduce_sum_count(sums, self._metric_device())), "train"), seen
+        means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
+        return _derived(self.learner.end_training(means), "train"), seen
 
     def _eval_part(self, dataset: Any) -> tuple[ShardedSampler, BatchLoader]:
         sampler = ShardedSampler(dataset, rank=self.rank, world_size=self.world_size,

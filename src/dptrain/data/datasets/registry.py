@@ -6,6 +6,7 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     diabetes               scikit-learn's diabetes regression      load_diabetes()
     toy1d                  y = x³ + ε, 20 train / 200 test points  load_toy1d(...)
     toy1d-hetero           y = sin 3x + ε, σ_ε = 0.1 + 0.5|x|      load_toy1d_hetero(...)
+    blobs                  3 overlapping Gaussian classes in 5-D   load_blobs(...)
     mnist:DIR              MNIST IDX files in DIR                  load_mnist(DIR, ...)
     fashion-mnist:DIR      Fashion-MNIST IDX files in DIR          load_mnist(DIR, ...)
     cifar10:DIR            CIFAR-10 python or binary batches       load_cifar10(DIR, ...)
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.data.datasets.base import Split
+from dptrain.data.datasets.blobs import load_blobs
 from dptrain.data.datasets.cifar10 import load_cifar10
 from dptrain.data.datasets.idx import load_mnist
 from dptrain.data.datasets.image_folder import load_image_folder
@@ -47,6 +49,7 @@ BUILTIN_DATASETS: dict[str, Callable[..., Split]] = {
     "diabetes": load_diabetes,
     "toy1d": load_toy1d,
     "toy1d-hetero": load_toy1d_hetero,
+    "blobs": load_blobs,
     "sine": load_sine,
     "seasonal": load_seasonal,
 }
