@@ -27,6 +27,7 @@ import torch
 from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import fetch_batch
+from dptrain.data.normalisation import from_record, renormalised
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -197,14 +198,7 @@ def find_checkpoint(run_dir: Path, which: str = "best") -> ckpt.Checkpoint:
     """`which` = "best" (the best checkpoint if the run kept one, else the last) or "last"."""
     if which not in ("best", "last"):
         raise ConfigError(f"which checkpoint: expected 'best' or 'last', got {which!r}")
-    directory = run_dir / "checkpoints"
-    if which == "best" and (directory / "best").is_dir():
-        return ckpt.validate(directory / "best")
-    found = ckpt.latest_valid(directory)
-    if found is None:
-        raise CheckpointError(f"{run_dir}: no valid checkpoint in {directory} (is this a run "
-                              f"directory of dptrain train?)")
-    return found
+    return ckpt.find(run_dir, which)
 
 
 def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
@@ -236,6 +230,9 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     seed = record.get("seed", 0)
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
     split = model_split(model_config, load_split(data_config, seed=seed))
+    kept = found.meta.get("run_record", {}).get("init_normalisation")
+    if kept is not None:  # started from another run: trained in that run's input space
+        split = renormalised(split, *from_record(kept))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":

@@ -176,6 +176,21 @@ def latest_valid(directory: Path) -> Checkpoint | None:
     return None
 
 
+def find(run_dir: Path, which: str = "best") -> Checkpoint:
+    """The checkpoint of a run directory: `which` = "best" (the best checkpoint if the run kept
+    one, else the last) or "last"."""
+    if which not in ("best", "last"):
+        raise CheckpointError(f"which checkpoint: expected 'best' or 'last', got {which!r}")
+    directory = run_dir / "checkpoints"
+    if which == "best" and (directory / "best").is_dir():
+        return validate(directory / "best")
+    found = latest_valid(directory)
+    if found is None:
+        raise CheckpointError(f"{run_dir}: no valid checkpoint in {directory} (is this a run "
+                              f"directory of dptrain train?)")
+    return found
+
+
 def prune(directory: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` published checkpoints and stale temp folders."""
     for path in list_steps(directory)[keep_last:]:
