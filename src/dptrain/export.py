@@ -29,6 +29,8 @@ file `FILE.json` beside it says what goes in and comes out.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -44,8 +46,9 @@ from torch import nn
 from dptrain._version import __version__
 from dptrain.data.normalisation import as_record
 from dptrain.errors import ConfigError, DptrainError
-from dptrain.inference import TrainedRun, load_run, raw_inputs
-from dptrain.tagi import split_heteros
+from dptrain.data import load_dataset
+from dptrain.inference import Prediction, TrainedRun, class_probabilities, load_run, raw_inputs
+from dptrain.tagi import HRCSoftmax, split_heteros
 
 FORMATS = ("pt2", "onnx")
 BATCH_SIZES = (1, 7)
@@ -173,10 +176,13 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
     """Write the graph to `tmp`; the exported program (ONNX's is made from one)."""
     batch = torch.export.Dim("batch", min=1)
     _clear_tagi_caches(run)
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)  # a failed trace logs its graph: the error says it
     try:
-        with warnings.catch_warnings():
+        # A failed trace prints its graph to stderr: the one-line error below says it.
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")  # torch's and onnxscript's deprecations
-            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
             if fmt == "pt2":
                 program = torch.export.export(graph, (example,), dynamic_shapes=({0: batch},))
                 torch.export.save(program, tmp)
@@ -194,6 +200,7 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
         raise ExportError(f"{run.run_dir}: {culprit(err, run)} cannot be exported to {fmt} "
                           f"({_first_line(err)})") from err
     finally:
+        torch_log.setLevel(level)
         _clear_tagi_caches(run)
 
 
@@ -348,3 +355,40 @@ def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
         "dptrain_version": __version__, "torch_version": torch.__version__,
         "checked": {"batch_sizes": list(BATCH_SIZES), **checks},
     }
+
+
+# ------------------------------------------------------------------------------ predicting
+def predict_exported(path: str | Path, spec: str | None = None, part: str = "test", *,
+                     batch_size: int = 256) -> tuple[Prediction, dict[str, Any]]:
+    """`dptrain predict FILE.pt2|FILE.onnx`: the exported model's predictions for a dataset's
+    part (default: the run's dataset, named in the metadata), decoded as `load_run` decodes
+    them; also the metadata."""
+    meta = read_metadata(path)
+    exported = load_exported(path)
+    split = load_dataset(spec or meta["dataset"])
+    dataset = getattr(split, part)
+    raw = all_raw_inputs(split, dataset)
+    outputs: dict[str, list[torch.Tensor]] = {}
+    for start in range(0, len(raw), batch_size):
+        for name, value in exported(raw[start:start + batch_size]).items():
+            outputs.setdefault(name, []).append(value)
+    got = {name: torch.cat(values) for name, values in outputs.items()}
+    targets = dataset.y if hasattr(dataset, "y") else \
+        torch.stack([torch.as_tensor(dataset[i][1]) for i in range(len(dataset))])
+    if meta["task"] == "regression":
+        if split.y_norm is not None:
+            targets = split.y_norm.invert(targets)
+        return Prediction(got["mean"], got.get("var"), targets), meta
+    var = None
+    if meta["kind"] == "tagi":  # the probabilities' variance, drawn as load_run draws it:
+        hrc = HRCSoftmax(len(meta["class_names"]))  # per batch, from the same seed
+        var = torch.cat([class_probabilities(hrc, mu, v)[1] for mu, v in
+                         zip(outputs["mu"], outputs["var"])])
+    return Prediction(got["probs"], var, targets), meta
+
+
+def all_raw_inputs(split: Any, dataset: Any) -> torch.Tensor:
+    if hasattr(dataset, "x"):
+        return raw_inputs(dataset, split.x_norm)
+    x = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    return split.x_norm.invert(x) if split.x_norm is not None else x

@@ -166,13 +166,7 @@ class TrainedRun:
     def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """HRC probabilities, and their variance over draws of the outputs ~ N(mu, var)."""
-        probs = self.hrc.probabilities(mu, var)
-        gen = torch.Generator(device=mu.device).manual_seed(0)
-        draws = mu + var.sqrt() * torch.randn((MC_DRAWS, *mu.shape), generator=gen,
-                                              dtype=mu.dtype, device=mu.device)
-        sampled = self.hrc.probabilities(draws.reshape(-1, mu.shape[1]),
-                                         torch.zeros_like(draws).reshape(-1, mu.shape[1]))
-        return probs, sampled.reshape(MC_DRAWS, *probs.shape).var(0)
+        return class_probabilities(self.hrc, mu, var)
 
     def _to_data_units(self, mean: torch.Tensor, var: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -184,6 +178,19 @@ class TrainedRun:
     def __repr__(self) -> str:
         return (f"TrainedRun({str(self.run_dir)!r}, model {self.model_config.model}, "
                 f"checkpoint {self.checkpoint.name})")
+
+
+def class_probabilities(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """HRC probabilities of TAGI output moments (a closed form), and their variance over
+    MC_DRAWS draws of the outputs ~ N(mu, var) (seeded: the same for the same moments)."""
+    probs = hrc.probabilities(mu, var)
+    gen = torch.Generator(device=mu.device).manual_seed(0)
+    draws = mu + var.sqrt() * torch.randn((MC_DRAWS, *mu.shape), generator=gen,
+                                          dtype=mu.dtype, device=mu.device)
+    sampled = hrc.probabilities(draws.reshape(-1, mu.shape[1]),
+                                torch.zeros_like(draws).reshape(-1, mu.shape[1]))
+    return probs, sampled.reshape(MC_DRAWS, *probs.shape).var(0)
 
 
 def raw_inputs(dataset: Any, x_norm: Any) -> torch.Tensor:
