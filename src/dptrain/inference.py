@@ -231,9 +231,11 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
             raise CheckpointError(f"{path} changed since the run was trained (sha256 differs "
                                   f"from the run's record): the checkpoint may not fit it")
     state = found.load_state()
+    if not state.get("learner") and (found.path / "sharded").is_dir():
+        # FSDP: its shards, of whatever world size wrote them, read whole in this process
+        state["learner"] = {"model": ckpt.sharded_model_weights(found.path / "sharded")}
     if not state.get("learner"):
-        raise CheckpointError(f"{found.path}: a sharded (FSDP) checkpoint; load_run reads "
-                              f"replicated ones")
+        raise CheckpointError(f"{found.path}: holds no learner state")
     seed = record.get("seed", 0)
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
     split = model_split(model_config, load_split(data_config, seed=seed))

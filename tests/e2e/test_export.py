@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dptrain.cli.main import main
+from tests._cli import base_env, dptrain_cmd, run
 
 pytestmark = pytest.mark.e2e
 
@@ -96,3 +97,24 @@ def test_a_layer_that_cannot_export_and_a_changed_model_file_are_refused(tmp_pat
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1, err
     assert "changed since the run was trained" in err
+
+
+def test_a_sharded_fsdp_run_of_two_ranks_exports_and_starts_a_run_in_one_process(tmp_path):
+    """An FSDP checkpoint written by 2 ranks is read whole in one process
+    (torch.distributed.checkpoint), for export and for --init-from."""
+    source = tmp_path / "fsdp"
+    result = run(dptrain_cmd("train", "--model", "torch-mlp", "--hidden", "16", "--strategy",
+                             "fsdp", "--nproc", "2", "--epochs", "1", "--out", str(source),
+                             "--no-progress"), env=base_env(), timeout_s=240)
+    assert result.returncode == 0, result.output
+    assert (source / "checkpoints" / "best" / "sharded").is_dir()
+    trained = json.loads((source / "summary.json").read_text())["params_sha256"]
+
+    out = tmp_path / "model.pt2"
+    assert main(["export", str(source), "--out", str(out)]) == 0
+    assert json.loads(Path(f"{out}.json").read_text())["params_sha256"] == trained
+
+    _train(tmp_path / "ft", "--model", "torch-mlp", "--hidden", "16", "--init-from",
+           str(source), "--lr", "1e-4")
+    meta = json.loads((tmp_path / "ft" / "checkpoints" / "best" / "meta.json").read_text())
+    assert meta["run_record"]["init_from_params_sha256"] == trained

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,22 @@ def latest_valid(directory: Path) -> Checkpoint | None:
         except CheckpointError as err:
             log.warning("skipping checkpoint: %s", err)
     return None
+
+
+def sharded_model_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The full model tensors of a sharded (FSDP) checkpoint, whatever world size wrote it,
+    read in this one process (torch.distributed.checkpoint)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "full.pt"
+        try:
+            dcp_to_torch_save(directory, target)
+            state = torch.load(target, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - DCP raises many kinds; named in one line
+            raise CheckpointError(f"{directory}: the sharded checkpoint cannot be read "
+                                  f"({type(err).__name__}: {err})") from err
+    return {name: t for name, t in state["model"].items() if isinstance(t, torch.Tensor)}
 
 
 def find(run_dir: Path, which: str = "best") -> Checkpoint:

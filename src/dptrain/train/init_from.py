@@ -18,7 +18,6 @@ input space (docs/finetune_export.md).
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,7 +106,7 @@ def resolve(spec: str) -> Source:
                               f"that built it (written outside dptrain train?)")
     learner = found.load_state().get("learner") or {}
     if not learner and (found.path / "sharded").is_dir():
-        kind, weights = "torch", sharded_weights(found.path / "sharded")
+        kind, weights = "torch", ckpt.sharded_model_weights(found.path / "sharded")
     elif "format" in learner:
         kind, weights = "torch", dict(learner["model"])
         nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
@@ -118,22 +117,6 @@ def resolve(spec: str) -> Source:
     return Source(spec=spec, checkpoint=found.path, step=found.step, kind=kind,
                   model=options.get("model", "?"), weights=weights,
                   normalisation=source_normalisation(found.meta, options))
-
-
-def sharded_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """The full model tensors of a sharded (FSDP) checkpoint, whatever world size wrote it,
-    read in this one process (torch.distributed.checkpoint)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "full.pt"
-        try:
-            dcp_to_torch_save(directory, target)
-            state = torch.load(target, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - DCP raises many kinds; named in one line
-            raise CheckpointError(f"{directory}: the sharded checkpoint cannot be read "
-                                  f"({type(err).__name__}: {err})") from err
-    return {name: t for name, t in state["model"].items() if isinstance(t, torch.Tensor)}
 
 
 def source_normalisation(meta: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
