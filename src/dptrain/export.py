@@ -30,6 +30,7 @@ file `FILE.json` beside it says what goes in and comes out.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import logging
@@ -67,11 +68,14 @@ class ExportError(DptrainError):
 class RunGraph(nn.Module):
     """Raw inputs -> the run's decoded outputs (module docstring), as plain tensor arithmetic."""
 
-    def __init__(self, run: TrainedRun) -> None:
+    def __init__(self, run: TrainedRun, model: Any | None = None) -> None:
         super().__init__()
         self.run = [run]  # a list: not a submodule (a TAGI network is no nn.Module)
+        model = run.model if model is None else model
         if run.kind == "torch":
-            self.model = run.model.eval()
+            self.model = model.eval()
+        else:
+            self.tagi = [model]
         norm = run.x_norm
         self.register_buffer("x_mean", norm.mean.float() if norm is not None else torch.zeros(()))
         self.register_buffer("x_std", norm.std.float() if norm is not None else torch.ones(()))
@@ -85,7 +89,8 @@ class RunGraph(nn.Module):
             if run.task == "classification":
                 return (torch.softmax(out, dim=1),)
             return (run._to_data_units(out, None)[0],)
-        mu, var = run.model(x.to(run.model.dtype))
+        net = self.tagi[0]
+        mu, var = net(x.to(net.dtype))
         if run.task == "classification":
             return run.hrc.probabilities(mu, var), mu, var
         if run.model_config.heteroscedastic:
@@ -100,11 +105,13 @@ def output_names(run: TrainedRun) -> tuple[str, ...]:
     return ("probs", "mu", "var") if run.task == "classification" else ("mean", "var")
 
 
-def _clear_tagi_caches(run: TrainedRun) -> None:
+def _clear_tagi_caches(run: TrainedRun, graph: RunGraph | None = None) -> None:
     """TAGI layers cache m_W² + v_W between forwards: a cache filled while tracing would hold
     a tracer's tensor, and one filled before would be baked into the graph as a constant."""
-    if run.kind == "tagi":
-        for layer in run.model.descendants():
+    if run.kind != "tagi":
+        return
+    for model in (run.model, *(graph.tagi if graph is not None else ())):
+        for layer in model.descendants():
             if hasattr(layer, "clear_cache"):
                 layer.clear_cache()
 
@@ -131,6 +138,9 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
         run.model.eval()
         run.model.check_inputs = False  # its NaN check reads a value on the host
     graph = RunGraph(run).eval()
+    # Traced on a copy: tracing may leave a tracer's tensors in a TAGI network's buffers,
+    # and the check runs the live model after it.
+    traced = RunGraph(run, copy.deepcopy(run.model)).eval()
     split = run.load_data()
     raw = raw_inputs_of(split)
     out = Path(out)
@@ -138,7 +148,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
     try:
         with torch.no_grad():
-            program = _write(graph, run, raw[:max(BATCH_SIZES)], fmt, tmp)
+            program = _write(traced, run, raw[:max(BATCH_SIZES)], fmt, tmp)
         # .pt2: the file as written, read back; .onnx: the program it was made from, and
         written = load_exported(tmp, fmt=fmt, outputs=graph.outputs) if fmt == "pt2" else \
             program_callable(program, graph.outputs)
@@ -175,7 +185,7 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
            ) -> torch.export.ExportedProgram:
     """Write the graph to `tmp`; the exported program (ONNX's is made from one)."""
     batch = torch.export.Dim("batch", min=1)
-    _clear_tagi_caches(run)
+    _clear_tagi_caches(run, graph)
     torch_log = logging.getLogger("torch")
     level = torch_log.level
     torch_log.setLevel(logging.CRITICAL)  # a failed trace logs its graph: the error says it
@@ -197,11 +207,11 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
     except ExportError:
         raise
     except Exception as err:  # noqa: BLE001 - the exporters raise many kinds: name the layer
-        raise ExportError(f"{run.run_dir}: {culprit(err, run)} cannot be exported to {fmt} "
+        raise ExportError(f"{run.run_dir}: {culprit(err, run, graph)} cannot be exported to {fmt} "
                           f"({_first_line(err)})") from err
     finally:
         torch_log.setLevel(level)
-        _clear_tagi_caches(run)
+        _clear_tagi_caches(run, graph)
 
 
 def _require_onnx() -> None:
@@ -221,10 +231,10 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
 
 
-def culprit(err: BaseException, run: TrainedRun) -> str:
+def culprit(err: BaseException, run: TrainedRun, graph: RunGraph) -> str:
     """The innermost layer of the model on the failing call's stack ("layer 3 (Conv2d)"), from
     the tracebacks of the error and its causes; else the model's name."""
-    names = _layer_names(run)
+    names = _layer_names(graph.model if run.kind == "torch" else graph.tagi[0], run.kind)
     found = None
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
@@ -241,10 +251,10 @@ def culprit(err: BaseException, run: TrainedRun) -> str:
     return f"layer {names[id(found)]} ({type(found).__name__})"
 
 
-def _layer_names(run: TrainedRun) -> dict[int, str]:
-    if run.kind == "torch":
-        return {id(m): name for name, m in run.model.named_modules() if name}
-    return {id(layer): path for path, layer in run.model.named_leaves()}
+def _layer_names(model: Any, kind: str) -> dict[int, str]:
+    if kind == "torch":
+        return {id(m): name for name, m in model.named_modules() if name}
+    return {id(layer): path for path, layer in model.named_leaves()}
 
 
 # ------------------------------------------------------------------------ loading, checking
