@@ -37,7 +37,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +45,21 @@ import torch
 from torch import nn
 
 from dptrain._version import __version__
-from dptrain.data.normalisation import as_record
-from dptrain.errors import ConfigError, DptrainError
 from dptrain.data import load_dataset
+from dptrain.data.config import DataConfig, load_split
+from dptrain.data.loader import fetch_batch
+from dptrain.data.normalisation import as_record
+from dptrain.errors import ConfigError, ExportError
 from dptrain.inference import Prediction, TrainedRun, class_probabilities, load_run, raw_inputs
+from dptrain.options import pick
 from dptrain.tagi import HRCSoftmax, split_heteros
+from dptrain.train import checkpoint as ckpt
 
 FORMATS = ("pt2", "onnx")
 BATCH_SIZES = (1, 7)
 RTOL, ATOL_SCALE, CLASS_AGREEMENT = 1e-4, 1e-5, 0.99
 CHECKED_SAMPLES = 512
 """Test samples on which TAGI class agreement is checked."""
-
-
-class ExportError(DptrainError):
-    """An export that cannot be made, or whose check against the live model failed."""
-
-    exit_code = 8
 
 
 # ------------------------------------------------------------------------------- the graph
@@ -343,8 +341,6 @@ def check(exported: Callable[[torch.Tensor], dict[str, torch.Tensor]], graph: Ru
 
 def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
               checks: dict[str, float]) -> dict[str, Any]:
-    from dptrain.train.trainer import params_sha256
-
     weights = run.model.state_dict()
     split = run.load_data()
     num = run.num_classes
@@ -361,7 +357,9 @@ def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
         "sigma_v": run._sigma_v if run.kind == "tagi" else None,
         "run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint), "which": which,
         "model": run.model_config.model, "dataset": run.dataset,
-        "params_sha256": params_sha256(weights),
+        "data": asdict(pick(DataConfig, ckpt.validate(run.checkpoint).meta["config"]
+                            ["record"])),
+        "params_sha256": ckpt.params_sha256(weights),
         "dptrain_version": __version__, "torch_version": torch.__version__,
         "checked": {"batch_sizes": list(BATCH_SIZES), **checks},
     }
@@ -375,16 +373,20 @@ def predict_exported(path: str | Path, spec: str | None = None, part: str = "tes
     them; also the metadata."""
     meta = read_metadata(path)
     exported = load_exported(path)
-    split = load_dataset(spec or meta["dataset"])
+    if spec is not None:
+        split = load_dataset(spec)
+    else:  # the run's own data, read with the run's data options (image size, lookback...)
+        split = load_split(DataConfig(**{**meta["data"], "augment": "off"}), seed=0)
     dataset = getattr(split, part)
-    raw = all_raw_inputs(split, dataset)
     outputs: dict[str, list[torch.Tensor]] = {}
-    for start in range(0, len(raw), batch_size):
-        for name, value in exported(raw[start:start + batch_size]).items():
+    targets = []
+    for start in range(0, len(dataset), batch_size):
+        raw, y = raw_batch(split, dataset, start, batch_size)
+        targets.append(y)
+        for name, value in exported(raw).items():
             outputs.setdefault(name, []).append(value)
     got = {name: torch.cat(values) for name, values in outputs.items()}
-    targets = dataset.y if hasattr(dataset, "y") else \
-        torch.stack([torch.as_tensor(dataset[i][1]) for i in range(len(dataset))])
+    targets = torch.cat(targets)
     if meta["task"] == "regression":
         if split.y_norm is not None:
             targets = split.y_norm.invert(targets)
@@ -397,8 +399,16 @@ def predict_exported(path: str | Path, spec: str | None = None, part: str = "tes
     return Prediction(got["probs"], var, targets), meta
 
 
-def all_raw_inputs(split: Any, dataset: Any) -> torch.Tensor:
+def raw_batch(split: Any, dataset: Any, start: int, batch_size: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples [start, start + batch_size) of `dataset`: inputs in the data's own units (a lazy
+    dataset read one batch at a time, as it gives them), and targets."""
+    index = torch.arange(start, min(start + batch_size, len(dataset)))
     if hasattr(dataset, "x"):
-        return raw_inputs(dataset, split.x_norm)
-    x = torch.stack([dataset[i][0] for i in range(len(dataset))])
-    return split.x_norm.invert(x) if split.x_norm is not None else x
+        raw = getattr(dataset, "raw", None)
+        if raw is not None:
+            return raw[index], dataset.y[index]
+        x, y = dataset.x[index], dataset.y[index]
+    else:
+        x, y = fetch_batch(dataset, 0, index)
+    return (split.x_norm.invert(x) if split.x_norm is not None else x), y

@@ -72,9 +72,7 @@ class Source:
 
     @property
     def params_sha256(self) -> str:
-        from dptrain.train.trainer import params_sha256  # trainer imports the options
-
-        return params_sha256(self.weights)
+        return ckpt.params_sha256(self.weights)
 
     def record(self) -> dict[str, Any]:
         """The entries the new run's record gets: resuming it from another source is refused."""
