@@ -52,7 +52,7 @@ from dptrain.data.normalisation import as_record
 from dptrain.errors import ConfigError, ExportError
 from dptrain.inference import Prediction, TrainedRun, class_probabilities, load_run, raw_inputs
 from dptrain.options import pick
-from dptrain.tagi import HRCSoftmax, split_heteros
+from dptrain.tagi import HRCSoftmax, base, lstm, split_heteros
 from dptrain.train import checkpoint as ckpt
 
 FORMATS = ("pt2", "onnx")
@@ -184,6 +184,9 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
     """Write the graph to `tmp`; the exported program (ONNX's is made from one)."""
     batch = torch.export.Dim("batch", min=1)
     _clear_tagi_caches(run, graph)
+    with torch.no_grad():
+        graph(example)  # fills the TAGI engine's constant caches with real tensors first
+    caches = {id(c): (c, dict(c)) for c in _engine_caches(run)}
     torch_log = logging.getLogger("torch")
     level = torch_log.level
     torch_log.setLevel(logging.CRITICAL)  # a failed trace logs its graph: the error says it
@@ -210,6 +213,21 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
     finally:
         torch_log.setLevel(level)
         _clear_tagi_caches(run, graph)
+        for cache, saved in caches.values():  # what tracing added holds a tracer's tensors
+            cache.clear()
+            cache.update(saved)
+
+
+def _engine_caches(run: TrainedRun) -> list[dict]:
+    """The TAGI engine's module-level caches of small constant tensors (made once per value,
+    dtype and device); a tensor made while tracing and cached there would leak into every
+    later forward. Restored after tracing."""
+    if run.kind != "tagi":
+        return []
+    found = [base._CONSTANTS, base._SIGNED_INVERSES, lstm._INDICATORS, lstm._COV_PAIRS]
+    if getattr(run, "hrc", None) is not None:
+        found.append(run.hrc._on_device)
+    return found
 
 
 def _require_onnx() -> None:

@@ -48,14 +48,14 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("export")
     _train(root / "torch", "--model", "torch-mlp", "--hidden", "16")
     _train(root / "tagi", "--model", "tagi-mlp", "--hidden", "16")
-    _train(root / "tagi-reg", "--model", "tagi-mlp", "--hidden", "8", "--dataset", "diabetes")
+    _train(root / "tagi-het", "--model", "tagi-mlp", "--hidden", "8", "--dataset",
+           "toy1d-hetero", "--heteroscedastic")
     return root
 
 
 @pytest.mark.parametrize("run,fmt,outputs", [
     ("torch", "pt2", ["probs"]), ("torch", "onnx", ["probs"]),
-    ("tagi", "pt2", ["probs", "mu", "var"]), ("tagi", "onnx", ["probs", "mu", "var"]),
-    ("tagi-reg", "onnx", ["mean", "var"]),
+    ("tagi", "onnx", ["probs", "mu", "var"]), ("tagi-het", "pt2", ["mean", "var"]),
 ])
 def test_export_is_checked_and_predicts_as_the_run(runs, tmp_path, capsys, run, fmt, outputs):
     out = tmp_path / f"model.{fmt}"
