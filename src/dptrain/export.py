@@ -129,12 +129,9 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
         raise ConfigError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     run = load_run(run_dir, which=which)
     if run.kind == "tagi":
-        if run._split.series is not None:
-            raise ExportError(f"{run_dir}: a time-series run forecasts recursively (its "
-                              f"predictions feed back as inputs); export is for models that "
-                              f"map one input to one prediction")
         run.model.eval()
         run.model.check_inputs = False  # its NaN check reads a value on the host
+        refuse_recurrent(run)
     graph = RunGraph(run).eval()
     # Traced on a copy: tracing may leave a tracer's tensors in a TAGI network's buffers,
     # and the check runs the live model after it.
@@ -162,6 +159,15 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
     meta_path = metadata_path(out)
     meta_path.write_text(json.dumps(metadata, indent=1))
     return Written(out, metadata)
+
+
+def refuse_recurrent(run: TrainedRun) -> None:
+    """A TAGI LSTM carries its hidden and cell states from one call to the next (a forecast
+    feeds its predictions back through them): no single graph of one input is that model."""
+    for path, layer in run.model.named_leaves():
+        if isinstance(layer, lstm.LSTM):
+            raise ExportError(f"{run.run_dir}: layer {path} ({type(layer).__name__}) cannot be "
+                              f"exported: it carries its state from one call to the next")
 
 
 def raw_inputs_of(split: Any) -> torch.Tensor:
