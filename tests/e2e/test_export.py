@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from dptrain.cli.main import main
+from dptrain.errors import ExportError
+from dptrain.export import RunGraph, check, raw_inputs_of
+from dptrain.inference import load_run
 from tests._cli import base_env, dptrain_cmd, run
 
 pytestmark = pytest.mark.e2e
@@ -118,3 +121,26 @@ def test_a_sharded_fsdp_run_of_two_ranks_exports_and_starts_a_run_in_one_process
            str(source), "--lr", "1e-4")
     meta = json.loads((tmp_path / "ft" / "checkpoints" / "best" / "meta.json").read_text())
     assert meta["run_record"]["init_from_params_sha256"] == trained
+
+
+def test_an_export_that_differs_from_the_live_model_fails_naming_the_output(runs):
+    """The check itself: a program whose mu is off by 1e-2, or whose classes differ, fails."""
+    run = load_run(runs / "tagi")
+    run.model.eval()
+    graph = RunGraph(run)
+    raw = raw_inputs_of(run.load_data())
+
+    def off(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        probs, mu, var = graph(x)
+        return {"probs": probs, "mu": mu + 1e-2, "var": var}
+
+    with pytest.raises(ExportError, match=r"output mu differs from the live model at batch "
+                                          r"size 1: max \|difference\| 0\.01"):
+        check(off, graph, run, raw)
+
+    def shuffled(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        probs, mu, var = graph(x)
+        return {"probs": probs.roll(1, dims=1), "mu": mu, "var": var}
+
+    with pytest.raises(ExportError, match=r"output probs picks load_run's class for"):
+        check(shuffled, graph, run, raw)

@@ -143,6 +143,13 @@ def test_tagi_init_from_first_evaluation_equals_the_source(runs):
     assert torch.equal(split.test.x, reference.load_data().test.x)
     ref_mu, ref_var = reference.model(x)
     assert torch.equal(mu, ref_mu) and torch.equal(var, ref_var)
+    # the command line trains on from it (continual learning, docs/finetune_export.md)
+    out = runs / "tagi-ft"
+    assert _train(out, "--model", "tagi-mlp", "--hidden", "16", "--epochs", "1",
+                  "--init-from", str(source), "--sigma-v", "0.1") == 0
+    record = ckpt.find(out, "last").meta["run_record"]
+    assert record["init_from_params_sha256"] == _summary(source)["params_sha256"]
+    assert _summary(out)["test_error"] <= _summary(source)["test_error"] + 0.02
     # and what `load_run` predicts from raw inputs (normalised again: float rounding only)
     probs, _ = reference.predict(raw_inputs(reference.load_data().test, reference.x_norm))
     torch.testing.assert_close(learner.hrc.probabilities(mu, var), probs, rtol=1e-4,
