@@ -363,21 +363,28 @@ def check(exported: Callable[[torch.Tensor], dict[str, torch.Tensor]], graph: Ru
     return report
 
 
+def class_names(split: Any) -> list[str] | None:
+    """An image folder's class folder names, else the class ids; None for regression."""
+    if split.num_classes is None:
+        return None
+    files = getattr(split.test, "files", None)
+    named = getattr(files, "classes", None)
+    return list(named) if named else [str(c) for c in range(split.num_classes)]
+
+
 def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
               checks: dict[str, float]) -> dict[str, Any]:
     weights = run.model.state_dict()
     split = run.load_data()
-    num = run.num_classes
     return {
         "format": fmt, "inputs": {"x": {"shape": ["batch", *split.input_shape],
                                         "dtype": "float32", "units": "raw (the data's own)"}},
         "outputs": list(outputs), "task": run.task, "kind": run.kind,
-        "class_names": getattr(split, "class_names", None) or
-        ([str(c) for c in range(num)] if num else None),
+        "class_names": class_names(split),
         "input_shape": list(split.input_shape),
         "normalisation": as_record(run.x_norm, run.y_norm),
         "probability_rule": ("hierarchical softmax of the output moments (docs/"
-                             "finetune_export.md)" if run.kind == "tagi" and num else None),
+                             "finetune_export.md)" if run.kind == "tagi" and run.num_classes else None),
         "sigma_v": run._sigma_v if run.kind == "tagi" else None,
         "run_dir": str(run.run_dir), "checkpoint": str(run.checkpoint), "which": which,
         "model": run.model_config.model, "dataset": run.dataset,
