@@ -40,8 +40,8 @@ from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import create_learner, create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train import init_from
+from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train.options import TrainOptions, run_record
 from dptrain.train.trainer import TrainConfig, Trainer, metric_names
