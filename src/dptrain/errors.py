@@ -53,3 +53,10 @@ class TrainingCollapsed(DptrainError, RuntimeError):
     asked to stop on it (`--stop-on-collapse`); every rank stops after the same evaluation."""
 
     exit_code = 7
+
+
+class ExportError(DptrainError):
+    """An export that cannot be made (a layer that does not trace), or whose check against the
+    live model failed (dptrain export)."""
+
+    exit_code = 8

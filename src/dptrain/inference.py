@@ -27,6 +27,7 @@ import torch
 from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import fetch_batch
+from dptrain.data.normalisation import from_record, renormalised
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
@@ -165,13 +166,7 @@ class TrainedRun:
     def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """HRC probabilities, and their variance over draws of the outputs ~ N(mu, var)."""
-        probs = self.hrc.probabilities(mu, var)
-        gen = torch.Generator(device=mu.device).manual_seed(0)
-        draws = mu + var.sqrt() * torch.randn((MC_DRAWS, *mu.shape), generator=gen,
-                                              dtype=mu.dtype, device=mu.device)
-        sampled = self.hrc.probabilities(draws.reshape(-1, mu.shape[1]),
-                                         torch.zeros_like(draws).reshape(-1, mu.shape[1]))
-        return probs, sampled.reshape(MC_DRAWS, *probs.shape).var(0)
+        return class_probabilities(self.hrc, mu, var)
 
     def _to_data_units(self, mean: torch.Tensor, var: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -183,6 +178,19 @@ class TrainedRun:
     def __repr__(self) -> str:
         return (f"TrainedRun({str(self.run_dir)!r}, model {self.model_config.model}, "
                 f"checkpoint {self.checkpoint.name})")
+
+
+def class_probabilities(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """HRC probabilities of TAGI output moments (a closed form), and their variance over
+    MC_DRAWS draws of the outputs ~ N(mu, var) (seeded: the same for the same moments)."""
+    probs = hrc.probabilities(mu, var)
+    gen = torch.Generator(device=mu.device).manual_seed(0)
+    draws = mu + var.sqrt() * torch.randn((MC_DRAWS, *mu.shape), generator=gen,
+                                          dtype=mu.dtype, device=mu.device)
+    sampled = hrc.probabilities(draws.reshape(-1, mu.shape[1]),
+                                torch.zeros_like(draws).reshape(-1, mu.shape[1]))
+    return probs, sampled.reshape(MC_DRAWS, *probs.shape).var(0)
 
 
 def raw_inputs(dataset: Any, x_norm: Any) -> torch.Tensor:
@@ -197,14 +205,7 @@ def find_checkpoint(run_dir: Path, which: str = "best") -> ckpt.Checkpoint:
     """`which` = "best" (the best checkpoint if the run kept one, else the last) or "last"."""
     if which not in ("best", "last"):
         raise ConfigError(f"which checkpoint: expected 'best' or 'last', got {which!r}")
-    directory = run_dir / "checkpoints"
-    if which == "best" and (directory / "best").is_dir():
-        return ckpt.validate(directory / "best")
-    found = ckpt.latest_valid(directory)
-    if found is None:
-        raise CheckpointError(f"{run_dir}: no valid checkpoint in {directory} (is this a run "
-                              f"directory of dptrain train?)")
-    return found
+    return ckpt.find(run_dir, which)
 
 
 def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
@@ -230,12 +231,17 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
             raise CheckpointError(f"{path} changed since the run was trained (sha256 differs "
                                   f"from the run's record): the checkpoint may not fit it")
     state = found.load_state()
+    if not state.get("learner") and (found.path / "sharded").is_dir():
+        # FSDP: its shards, of whatever world size wrote them, read whole in this process
+        state["learner"] = {"model": ckpt.sharded_model_weights(found.path / "sharded")}
     if not state.get("learner"):
-        raise CheckpointError(f"{found.path}: a sharded (FSDP) checkpoint; load_run reads "
-                              f"replicated ones")
+        raise CheckpointError(f"{found.path}: holds no learner state")
     seed = record.get("seed", 0)
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
     split = model_split(model_config, load_split(data_config, seed=seed))
+    kept = found.meta.get("run_record", {}).get("init_normalisation")
+    if kept is not None:  # started from another run: trained in that run's input space
+        split = renormalised(split, *from_record(kept))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     weights = dict(state["learner"]["model"])
     if kind == "torch":

@@ -199,7 +199,10 @@ class TorchLearner:
         self._replicated_buffers = [b for m in module.modules()
                                     if not isinstance(m, _GLOBAL_BATCHNORMS)
                                     for b in m.buffers(recurse=False)]
-        self.optimizer = self._optimizer_factory(self._wrapped.parameters())
+        # Frozen parameters (requires_grad False: --freeze) stay out of the optimizer, as they
+        # stay out of DDP's and FSDP's gradient reduction.
+        self.optimizer = self._optimizer_factory(
+            [p for p in self._wrapped.parameters() if p.requires_grad])
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer_factory must return a torch.optim.Optimizer, got "
                             f"{type(self.optimizer).__name__}")

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,16 @@ class Checkpoint:
     def load_state(self) -> dict[str, Any]:
         """The saved state; never executes pickled code (`weights_only=True`)."""
         return torch.load(self.path / "state.pt", map_location="cpu", weights_only=True)
+
+
+def params_sha256(state: dict[str, torch.Tensor]) -> str:
+    """Fingerprint of named tensors (names, dtypes, shapes and bytes), for exact comparisons."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _sha256(path: Path) -> str:
@@ -174,6 +185,37 @@ def latest_valid(directory: Path) -> Checkpoint | None:
         except CheckpointError as err:
             log.warning("skipping checkpoint: %s", err)
     return None
+
+
+def sharded_model_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The full model tensors of a sharded (FSDP) checkpoint, whatever world size wrote it,
+    read in this one process (torch.distributed.checkpoint)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "full.pt"
+        try:
+            dcp_to_torch_save(directory, target)
+            state = torch.load(target, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - DCP raises many kinds; named in one line
+            raise CheckpointError(f"{directory}: the sharded checkpoint cannot be read "
+                                  f"({type(err).__name__}: {err})") from err
+    return {name: t for name, t in state["model"].items() if isinstance(t, torch.Tensor)}
+
+
+def find(run_dir: Path, which: str = "best") -> Checkpoint:
+    """The checkpoint of a run directory: `which` = "best" (the best checkpoint if the run kept
+    one, else the last) or "last"."""
+    if which not in ("best", "last"):
+        raise CheckpointError(f"which checkpoint: expected 'best' or 'last', got {which!r}")
+    directory = run_dir / "checkpoints"
+    if which == "best" and (directory / "best").is_dir():
+        return validate(directory / "best")
+    found = latest_valid(directory)
+    if found is None:
+        raise CheckpointError(f"{run_dir}: no valid checkpoint in {directory} (is this a run "
+                              f"directory of dptrain train?)")
+    return found
 
 
 def prune(directory: Path, keep_last: int) -> None:

@@ -40,6 +40,7 @@ from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import create_learner, create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.train import init_from
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train import resume
@@ -84,8 +85,14 @@ def preflight(options: TrainOptions) -> None:
     an unknown --monitor too."""
     options = resumed_options(options)
     split = load_job_split(options)
-    create_model(options.part(ModelConfig), split, seed=options.seed, dataset=options.dataset)
+    model, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
+                               dataset=options.dataset)
     check_monitor(options, split)
+    if options.init_from or options.freeze:  # a bad source or prefix, before workers start
+        source = init_from.resolve(options.init_from) if options.init_from else None
+        if source is not None:
+            init_from.source_space(split, source)
+        init_from.initialise(model, kind, source, options.part(init_from.InitOptions))
 
 
 def monitor_of(options: TrainOptions, split: Split) -> str:
@@ -180,10 +187,19 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         options = as_saved(options, resume.any_saved_record(
             Path(options.out) / "checkpoints", runtime.env.local_rank))
     split = load_job_split(options)
+    source = init_from.resolve(options.init_from) if options.init_from else None
+    if source is not None:
+        split = init_from.source_space(split, source)
     check_same_files(split)
     learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
                              seed=options.seed, dataset=options.dataset)
     config = train_config(options, split)
+    if source is not None or options.freeze:
+        said = init_from.initialise(*learner_model(learner), source,
+                                    options.part(init_from.InitOptions))
+        rank_zero_print(f"dptrain train: {said}")
+    if source is not None:
+        config = replace(config, run_record={**config.run_record, **source.record()})
     # The device type, not rank 0's device: with NCCL every rank has its own GPU.
     rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "
                     f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}) "
@@ -197,6 +213,13 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
                     f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
                     f"{Path(options.out) / 'tb'})")
     return summary
+
+
+def learner_model(learner: Any) -> tuple[Any, str]:
+    """(model, kind) of a learner not yet set up: the network its weights live in."""
+    if hasattr(learner, "module"):
+        return learner.module, "torch"
+    return learner.model, "tagi"
 
 
 def check_same_files(split: Split) -> None:

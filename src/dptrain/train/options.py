@@ -22,6 +22,7 @@ from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.options import bad_value, check_at_least, defines_run, pick, resumable
 from dptrain.train.faults import FailAt
+from dptrain.train.init_from import InitOptions
 from dptrain.user_code import file_sha256
 
 
@@ -67,12 +68,13 @@ class FitOptions:
             FailAt.parse(self.fail_at)
 
 
-COMPONENTS = (ModelConfig, DataConfig, LearnerConfig, FitOptions, LaunchConfig)
+COMPONENTS = (ModelConfig, DataConfig, LearnerConfig, FitOptions, LaunchConfig, InitOptions)
 """The parts of `TrainOptions`, in the order they validate."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions(LaunchConfig, FitOptions, LearnerConfig, DataConfig, ModelConfig):
+class TrainOptions(InitOptions, LaunchConfig, FitOptions, LearnerConfig, DataConfig,
+                   ModelConfig):
     """Everything `dptrain train` can be told: every component's fields, each validated by its
     own component. Flag `--batch-size` is field `batch_size`, TOML key `batch_size` or
     `batch-size`."""

@@ -7,7 +7,6 @@ metric reduction at each epoch end, and around checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -26,6 +25,7 @@ from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
+from dptrain.train.checkpoint import params_sha256
 from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
@@ -99,16 +99,6 @@ class TrainConfig:
         out["out_dir"] = str(self.out_dir)
         out["fail_at"] = None if self.fail_at is None else str(self.fail_at)
         return out
-
-
-def params_sha256(state: dict[str, torch.Tensor]) -> str:
-    """Fingerprint of named tensors (names, dtypes, shapes and bytes), for exact comparisons."""
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
