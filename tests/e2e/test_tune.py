@@ -174,10 +174,14 @@ def test_two_workers_on_postgresql_run_distinct_trials_exactly_max_trials(tmp_pa
             if w.poll() is None:
                 w.kill()
         stop_all(study)
-    assert [w.returncode for w in workers] == [0, 0], [o[1] for o in outs]
+    assert [w.returncode for w in workers] == [0, 0], "\n".join(o[1][-2000:] for o in outs)
     storage = optuna.storages.RDBStorage(postgres.replace("postgresql://",
                                                           "postgresql+psycopg://"))
-    trials = optuna.load_study(study_name="study", storage=storage).get_trials()
+    try:
+        trials = optuna.load_study(study_name="study", storage=storage).get_trials()
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()
     real = [t for t in trials if "void" not in t.user_attrs]
     assert len(real) == 3 and all(t.state.name == "COMPLETE" for t in real)
     assert len({t.user_attrs["run_dir"] for t in real}) == 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,19 @@ def storage_for(options: TuneOptions) -> Any:
     url = options.storage
     if url.startswith("postgresql://"):  # the driver of the extra (psycopg 3)
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True,
-                                                             "connect_args": {"connect_timeout": 10}})
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's and the driver's many kinds
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"--storage {options.storage}: cannot be reached: {first}") from None
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={
+                "pool_pre_ping": True, "connect_args": {"connect_timeout": 10}})
+        except Exception as err:  # noqa: BLE001 - SQLAlchemy's and the driver's many kinds
+            # Workers that start together race to create the tables: the loser tries again.
+            if attempt == 2 or "connect" in str(err).lower():
+                first = str(err).strip().splitlines()[0] if str(err).strip() else \
+                    type(err).__name__
+                raise ConfigError(f"--storage {options.storage}: cannot be used: {first}"
+                                  ) from None
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")
 
 
 def make_sampler(options: TuneOptions) -> Any:
