@@ -13,7 +13,7 @@ from typing import Literal
 
 from dptrain.errors import ConfigError
 from dptrain.options import bad_value, check_at_least, cli, resumable
-from dptrain.tune.space import parse_space
+from dptrain.tune.space import grid, parse_space
 
 STUDY_KEYS = ("space", "sampler", "pruner", "monitor", "study_name")
 """What defines a study besides the runs' base options: a study directory holding another
@@ -73,7 +73,9 @@ class TuneOptions:
         if not self.space:
             raise ConfigError("no search space: give --space KEY=KIND:ARGS (or a [space] table "
                               "in the TOML file)")
-        parse_space(self.space)
+        dims = parse_space(self.space)
+        if self.sampler == "grid":
+            grid(dims)
         if self.monitor.startswith("test_"):
             raise ConfigError(f"--monitor {self.monitor}: a test metric cannot choose "
                               f"hyperparameters (validation chooses, test reports); monitor a "
