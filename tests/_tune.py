@@ -27,6 +27,9 @@ class FakeRun:
             return self.rc
         epochs = int(self.options.get("epochs", 3))
         done = min(epochs, int((self.runner.clock.now() - self.start) / self.runner.epoch_s))
+        if self.runner.interrupt_at is not None and done >= self.runner.interrupt_at:
+            self.runner.interrupt_at = None
+            raise KeyboardInterrupt  # Ctrl-C while the worker watches this run
         rows = [{"epoch": e, "step": e, "train_error": self._value(e)} for e in
                 range(1, done + 1)]
         if rows:
@@ -50,11 +53,12 @@ class FakeRun:
 
 
 class FakeRunner:
-    """Runs finish after `epochs` x `epoch_s` fake seconds; `exit_codes` pops one per run."""
+    """Runs finish after `epochs` x `epoch_s` fake seconds; `exit_codes` pops one per run;
+    `interrupt_at`: Ctrl-C once a run has written that many epochs."""
 
     def __init__(self, clock: FakeClock, epoch_s: float = 60.0,
-                 exit_codes: list[int] | None = None) -> None:
-        self.clock, self.epoch_s = clock, epoch_s
+                 exit_codes: list[int] | None = None, interrupt_at: int | None = None) -> None:
+        self.clock, self.epoch_s, self.interrupt_at = clock, epoch_s, interrupt_at
         self.exit_codes = list(exit_codes or [])
         self.started: list[Path] = []
         self.running: set[FakeRun] = set()

@@ -130,6 +130,36 @@ def test_expired_lease_is_taken_over_in_the_same_run_dir(tmp_path):
     assert any("lease expired" in line for line in lines)
 
 
+def test_ctrl_c_then_the_same_command_resumes_the_trial_at_once(tmp_path):
+    clock = FakeClock()
+    first = FakeRunner(clock, interrupt_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, clock, first, max_trials=2, lease_s=600)
+    assert first.running == set()  # its run was stopped
+    second = FakeRunner(clock)
+    before = clock.now()
+    run(tmp_path, clock, second, max_trials=2, lease_s=600)
+    rows = table(tmp_path)
+    assert [(r["state"], r["resumes"]) for r in rows] == [("FAIL", ""), ("COMPLETE", "0"),
+                                                         ("COMPLETE", "")]
+    assert rows[1]["lr"] == rows[0]["lr"] and rows[1]["run_dir"] == rows[0]["run_dir"]
+    assert [p.name for p in second.started] == ["trial-0000", "trial-0002"]
+    assert clock.now() - before < 600  # the lease was given up: no wait for it to expire
+
+
+def test_budget_hard_stops_the_running_trial(tmp_path):
+    clock = FakeClock()
+    runner = FakeRunner(clock)
+    lines: list[str] = []
+    summary = run(tmp_path, clock, runner, lines, max_trials=0, budget_hours=0.02,
+                  budget_hard=True, lease_s=30)
+    [row] = table(tmp_path)
+    assert row["state"] == "FAIL" and row["note"] == "budget" and runner.running == set()
+    assert any("running trials stopped (--budget-hard)" in line for line in lines)
+    assert summary["stop"].startswith("budget: ") and "hours spent" in summary["stop"]
+    assert len(runner.started) == 1
+
+
 class _Say(list):
     def __init__(self, hook):
         super().__init__()

@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dptrain.cli.train import resolve
 from dptrain.errors import ConfigError
+from dptrain.learners.build import model_defaults
 from dptrain.options import flag
 from dptrain.tune.clock import Clock
 from dptrain.tune.options import TuneOptions
@@ -59,7 +59,8 @@ def check_base(options: TuneOptions, base: dict[str, Any], *, preflight: bool) -
         raise ConfigError("monitor given twice with different values")
     first = {d.name: d.choices[0] if d.kind == "choice" else
              (int(d.low) if d.kind == "int" else d.low) for d in dims.values()}
-    train = resolve({**base, **first, "monitor": options.monitor or None}, None)
+    merged = {**base, **first, "monitor": options.monitor}
+    train = TrainOptions(**{**model_defaults(merged.get("model", TrainOptions.model)), **merged})
     return train, resolve_monitor(options, train, check=preflight)
 
 

@@ -71,7 +71,7 @@ class Worker:
                 return reason
             trial = self.study.ask()
             resumes = self._frozen(trial.number).user_attrs.get("resumes")
-            void = self._void_reason(trial.number, resumes)
+            void = self._void_reason(trial.number, resumes, reason)
             if void:
                 trial.set_user_attr("void", void)
                 self.study.tell(trial, state=self.State.FAIL)
@@ -102,9 +102,12 @@ class Worker:
         return budget.stop_line(spend, self.options.budget_hours,
                                 self.options.budget_process_hours)
 
-    def _void_reason(self, number: int, resumes: int | None) -> str | None:
+    def _void_reason(self, number: int, resumes: int | None, stop: str | None) -> str | None:
         """Why a trial just asked must not run: past --max-trials (another worker asked first),
-        or a second takeover of the same trial (two workers saw its lease expire at once)."""
+        a new trial asked for a waiting one after the search was told to `stop`, or a second
+        takeover of the same trial (two workers saw its lease expire at once)."""
+        if stop and resumes is None:
+            return f"a new trial after the search stopped ({stop})"
         earlier = [t for t in self._trials() if t.number < number and not budget.is_void(t)]
         if resumes is not None:
             if any(t.user_attrs.get("resumes") == resumes for t in earlier):
