@@ -1,7 +1,7 @@
 """`dptrain tune` with real trials (tiny TAGI runs on toy1d, one process each): a forced prune
 stops its run cleanly; a worker SIGKILLed mid-trial is taken over and its trial ends with the
 parameters of an uninterrupted run (contract 3 through the search); two workers on one
-PostgreSQL study run distinct trials, exactly --max-trials."""
+journal or PostgreSQL study run distinct trials, exactly --max-trials."""
 
 from __future__ import annotations
 
@@ -161,10 +161,9 @@ def postgres():
         shutil.rmtree(data, ignore_errors=True)
 
 
-def test_two_workers_on_postgresql_run_distinct_trials_exactly_max_trials(tmp_path, postgres):
-    study = tmp_path / "study"
-    argv = tune_cmd(study, "--epochs", "2", "--max-trials", "3", "--storage", postgres,
-                    "--pruner", "none")
+def two_workers(study: Path, *extra: str) -> None:
+    """The same command twice at once on one study: 3 trials of 2 epochs between them."""
+    argv = tune_cmd(study, "--epochs", "2", "--max-trials", "3", "--pruner", "none", *extra)
     workers = [subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True) for _ in range(2)]
     try:
@@ -175,17 +174,33 @@ def test_two_workers_on_postgresql_run_distinct_trials_exactly_max_trials(tmp_pa
                 w.kill()
         stop_all(study)
     assert [w.returncode for w in workers] == [0, 0], "\n".join(o[1][-2000:] for o in outs)
-    storage = optuna.storages.RDBStorage(postgres.replace("postgresql://",
-                                                          "postgresql+psycopg://"))
-    try:
-        trials = optuna.load_study(study_name="study", storage=storage).get_trials()
-    finally:
-        storage.remove_session()
-        storage.engine.dispose()
+
+
+def check_distinct(trials: list) -> None:
     real = [t for t in trials if "void" not in t.user_attrs]
     assert len(real) == 3 and all(t.state.name == "COMPLETE" for t in real)
     assert len({t.user_attrs["run_dir"] for t in real}) == 3
     assert len({t.user_attrs["worker"] for t in real}) == 2  # both workers pulled trials
-    for t in real:
+    for t in real:  # a trial's value is its run's summary.json
         summary = json.loads((Path(t.user_attrs["run_dir"]) / "summary.json").read_text())
         assert t.value == summary["best_train_rmse"]
+
+
+def test_two_workers_on_one_journal_run_distinct_trials_exactly_max_trials(tmp_path):
+    study = tmp_path / "study"
+    two_workers(study)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(study / "study.journal")))
+    check_distinct(optuna.load_study(study_name="study", storage=storage).get_trials())
+    assert len(rows(study / "trials.csv")) == 3
+
+
+def test_two_workers_on_postgresql_run_distinct_trials_exactly_max_trials(tmp_path, postgres):
+    two_workers(tmp_path / "study", "--storage", postgres)
+    storage = optuna.storages.RDBStorage(postgres.replace("postgresql://",
+                                                          "postgresql+psycopg://"))
+    try:
+        check_distinct(optuna.load_study(study_name="study", storage=storage).get_trials())
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()
