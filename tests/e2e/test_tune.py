@@ -149,8 +149,10 @@ def postgres():
         shutil.chown(data, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     port = _free_port()
-    run = lambda *cmd: subprocess.run([*as_user, *cmd], check=True, capture_output=True,  # noqa: E731
-                                      timeout=60)
+
+    def run(*cmd: str) -> None:
+        subprocess.run([*as_user, *cmd], check=True, capture_output=True, timeout=60)
+
     run(str(bindir / "initdb"), "-D", str(data / "db"), "-U", "dptrain", "--auth=trust")
     run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-l", str(data / "log"), "-w", "-o",
         f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start")
@@ -173,7 +175,8 @@ def two_workers(study: Path, *extra: str) -> None:
             if w.poll() is None:
                 w.kill()
         stop_all(study)
-    assert [w.returncode for w in workers] == [0, 0], "\n".join(o[1][-2000:] for o in outs)
+    errors = "\n".join(o[1][-2000:] for o in outs)
+    assert [w.returncode for w in workers] == [0, 0], errors
 
 
 def check_distinct(trials: list) -> None:

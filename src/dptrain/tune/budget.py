@@ -63,7 +63,9 @@ def spend(trials: list[Any], now: float, started_at: float) -> Spend:
 
 
 def _h(hours: float) -> str:
-    return f"{hours:.1f}" if hours >= 1 else f"{hours:.3g}"
+    if hours >= 1:
+        return f"{hours:.1f}"
+    return f"{hours:.3g}" if hours >= 0.001 or hours == 0 else "<0.001"
 
 
 def stop_line(s: Spend, budget_hours: float, budget_process_hours: float) -> str | None:

@@ -147,7 +147,8 @@ class Worker:
     def _renew(self, trial: Any, started: float) -> bool:
         """Renew the lease and the cost so far; False when the trial was taken over."""
         now = self.clock.now()
-        self.storage.set_trial_system_attr(self._trial_id(trial.number), LEASE, now + self.options.lease_s)
+        self.storage.set_trial_system_attr(self._trial_id(trial.number), LEASE,
+                                           now + self.options.lease_s)
         trial.set_user_attr("wall_s", now - started)
         trial.set_user_attr("process_s", (now - started) * self.processes)
         return self._frozen(trial.number).state == self.State.RUNNING
@@ -172,8 +173,7 @@ class Worker:
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                           for k, v in params.items())
         verb = f"resumes trial {resumes}" if resumes is not None else "starts"
-        self.say(f"trial {trial.number} {verb} ({shown}) in {run_dir} | "
-                 f"{budget.progress(spend, self.options.budget_hours, self.options.budget_process_hours)}")
+        self.say(f"trial {trial.number} {verb} ({shown}) in {run_dir} | {self._spent(spend)}")
         process = self.runner.start(run_dir, config)
         try:
             outcome = self._watch(trial, process, run_dir, started)
@@ -300,8 +300,11 @@ class Worker:
         limit = self._max_trials()
         spend = budget.spend(trials, self.clock.now(), self.started_at)
         self.say(f"trial {trial.number} {what} | {best_text} | {done}"
-                 f"{f' of {limit}' if limit else ''} trials done | "
-                 f"{budget.progress(spend, self.options.budget_hours, self.options.budget_process_hours)}")
+                 f"{f' of {limit}' if limit else ''} trials done | {self._spent(spend)}")
+
+    def _spent(self, spend: budget.Spend) -> str:
+        return budget.progress(spend, self.options.budget_hours,
+                               self.options.budget_process_hours)
 
     def _best(self, trials: list[Any]) -> Any:
         done = [t for t in trials if t.state == self.State.COMPLETE and t.value is not None]
