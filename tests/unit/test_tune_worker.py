@@ -168,3 +168,23 @@ class _Say(list):
     def append(self, line):
         super().append(line)
         self.hook(line)
+
+
+def test_a_trial_asked_past_max_trials_by_a_race_is_void(tmp_path):
+    """Two workers that both saw room for one more trial both ask one: the later (higher
+    number) is void, so the study never runs more than --max-trials."""
+    from dptrain.tune.search import check_base
+    from dptrain.tune.study import open_study, storage_for
+    from dptrain.tune.worker import Worker
+
+    options = TuneOptions(out=str(tmp_path / "s"), space=("lr=log:1e-3:1e-1",), max_trials=1,
+                          monitor="train_error")
+    storage = storage_for(options)
+    study = open_study(options, dict(BASE), "train_error", 3, storage=storage)
+    clock = FakeClock()
+    worker = Worker(study, storage, options, dict(BASE), runner=FakeRunner(clock),
+                    monitor="train_error", clock=clock)
+    first, second = study.ask(), study.ask()  # both asked before either counted the other
+    assert worker._void_reason(first.number, None, None) is None
+    assert "past --max-trials" in worker._void_reason(second.number, None, None)
+    assert check_base(options, dict(BASE), preflight=False)[1] == "train_error"
