@@ -122,27 +122,37 @@ class Worker:
     def _take_over_expired(self, trials: list[Any]) -> bool:
         now, took = self.clock.now(), False
         for t in trials:
-            if t.state != self.State.RUNNING or budget.is_void(t) or "run_dir" not in t.user_attrs:
+            if t.state != self.State.RUNNING or budget.is_void(t):
                 continue
             lease = t.system_attrs.get(LEASE)
+            if lease is None and t.datetime_start is not None:  # died before its first lease
+                lease = t.datetime_start.timestamp() + self.options.lease_s
             if lease is None or lease > now:
                 continue
             trial_id = self._trial_id(t.number)
+            if "run_dir" not in t.user_attrs:  # its worker died before it started a run
+                self.storage.set_trial_user_attr(trial_id, "void", "its worker died first")
+                self._fail(trial_id)
+                took = True
+                continue
             self.storage.set_trial_user_attr(trial_id, "taken_over", True)
             first = t.user_attrs.get("resumes", t.number)
             self.study.enqueue_trial(t.params, user_attrs={"resumes": t.number,
                                                            "trial": first,
                                                            "run_dir": t.user_attrs["run_dir"]},
                                      skip_if_exists=False)
-            try:
-                self.storage.set_trial_state_values(trial_id, self.State.FAIL)
-            except Exception:  # noqa: BLE001 - finished meanwhile (taken over by another)
-                pass
+            self._fail(trial_id)
             self.say(f"trial {t.number}: its worker's lease expired {now - lease:.0f} s ago: "
                      f"taken over, resuming {t.user_attrs['run_dir']} from its newest "
                      f"checkpoint")
             took = True
         return took
+
+    def _fail(self, trial_id: int) -> None:
+        try:
+            self.storage.set_trial_state_values(trial_id, self.State.FAIL)
+        except Exception:  # noqa: BLE001 - finished meanwhile (another worker took it over)
+            pass
 
     def _renew(self, trial: Any, started: float) -> bool:
         """Renew the lease and the cost so far; False when the trial was taken over."""
