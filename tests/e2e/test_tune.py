@@ -1,5 +1,5 @@
-"""`dptrain tune` with real trials (tiny TAGI runs on toy1d, one process each): a forced prune
-stops its run cleanly; a worker SIGKILLed mid-trial is taken over and its trial ends with the
+"""`dptrain tune` with real trials (tiny TAGI runs on toy1d, one process each but where two are
+the point): a forced prune stops its two-process run cleanly; a worker SIGKILLed mid-trial is taken over and its trial ends with the
 parameters of an uninterrupted run (contract 3 through the search); two workers on one
 journal or PostgreSQL study run distinct trials, exactly --max-trials."""
 
@@ -58,6 +58,7 @@ def stop_all(study: Path) -> None:
             pass
 
 
+@pytest.mark.dist
 def test_forced_prune_stops_the_run_and_leaves_no_process(tmp_path):
     study = tmp_path / "study"
     started = []
@@ -71,7 +72,9 @@ def test_forced_prune_stops_the_run_and_leaves_no_process(tmp_path):
     options = TuneOptions(out=str(study), space=("sigma_v=float:0.1:0.5",), max_trials=1,
                           monitor="train_rmse")
     try:
-        summary = tune(options, {"model": "tagi-mlp", "dataset": "toy1d", "nproc": 1,
+        # two processes: torchrun's workers run in sessions of their own, out of reach of a
+        # kill of the trial's session; dptrain train must stop them itself
+        summary = tune(options, {"model": "tagi-mlp", "dataset": "toy1d", "nproc": 2,
                                  "hidden": 16, "epochs": 300},
                        runner=Recording(ENV), pruner=optuna.pruners.ThresholdPruner(upper=0.0),
                        say=lambda line: None)
