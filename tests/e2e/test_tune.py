@@ -133,6 +133,38 @@ def test_killed_worker_is_taken_over_and_ends_as_uninterrupted(tmp_path):
     assert (study / "best.toml").exists() and (study / "tune.png").exists()
 
 
+def test_ctrl_c_then_the_same_command_continues_the_study(tmp_path):
+    """Ctrl-C stops the worker and its run and gives up the lease: the same command resumes the
+    interrupted trial from its checkpoint at once (a 600 s lease is not waited for); no trial
+    is repeated."""
+    study = tmp_path / "study"
+    argv = tune_cmd(study, "--epochs", "25", "--max-trials", "1", "--lease-s", "600")
+    first = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    epochs = study / "trial-0000" / "epochs.csv"
+    try:
+        deadline = time.monotonic() + 120
+        while not (epochs.exists() and len(rows(epochs)) >= 2):
+            assert first.poll() is None and time.monotonic() < deadline, "no epoch in time"
+            time.sleep(0.2)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 130 and "interrupted" in err
+        assert runs_of(study) == []
+        # within 180 s: waiting for the 600 s lease would time out
+        second = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=180)
+        assert second.returncode == 0, second.stderr
+    finally:
+        if first.poll() is None:
+            first.kill()
+        stop_all(study)
+    table = rows(study / "trials.csv")
+    assert [(r["state"], r["resumes"]) for r in table] == [("FAIL", ""), ("COMPLETE", "0")]
+    summary = json.loads((study / "trial-0000" / "summary.json").read_text())
+    assert summary["resumed_from"] and summary["final_epoch"] == 25
+    assert not (study / "trial-0001").exists()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
