@@ -136,7 +136,7 @@ class Worker:
                 took = True
                 continue
             self.storage.set_trial_user_attr(trial_id, "taken_over", True)
-            first = t.user_attrs.get("resumes", t.number)
+            first = t.user_attrs.get("trial", t.number)  # the chain's first trial
             self.study.enqueue_trial(t.params, user_attrs={"resumes": t.number,
                                                            "trial": first,
                                                            "run_dir": t.user_attrs["run_dir"]},
@@ -191,6 +191,7 @@ class Worker:
             process.stop()
             # Ctrl-C: the lease ends now, so the same command run again resumes this trial at
             # once (from its newest checkpoint) instead of waiting for the lease to expire.
+            self._renew(trial, started)  # its cost up to now
             self.storage.set_trial_system_attr(self._trial_id(trial.number), LEASE, 0.0)
             raise
         self._finish(trial, run_dir, started, resumes, *outcome)
