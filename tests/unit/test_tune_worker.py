@@ -188,3 +188,13 @@ def test_a_trial_asked_past_max_trials_by_a_race_is_void(tmp_path):
     assert worker._void_reason(first.number, None, None) is None
     assert "past --max-trials" in worker._void_reason(second.number, None, None)
     assert check_base(options, dict(BASE), preflight=False)[1] == "train_error"
+
+
+def test_grid_runs_each_point_once_and_stops(tmp_path):
+    clock = FakeClock()
+    runner = FakeRunner(clock)
+    summary = run(tmp_path, clock, runner, space=("lr=choice:0.01,0.02,0.03",), sampler="grid",
+                  max_trials=0)
+    assert sorted(float(r["lr"]) for r in table(tmp_path)) == [0.01, 0.02, 0.03]
+    assert summary["stop"] == "max-trials: 3 of 3 trials run or running"
+    assert summary["best"]["params"] == {"lr": 0.01}

@@ -63,7 +63,14 @@ def make_sampler(options: TuneOptions) -> Any:
     optuna = import_optuna()
     seed = None if options.sampler_seed < 0 else options.sampler_seed
     if options.sampler == "grid":
-        return optuna.samplers.GridSampler(grid(parse_space(options.space)), seed=seed)
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, *args: Any, **kwargs: Any) -> None:
+                # Optuna's grid stops the study here once every point is taken, which only
+                # optimize() allows (ask-and-tell raises); --max-trials is capped at the grid's
+                # size instead (worker.py).
+                pass
+
+        return Grid(grid(parse_space(options.space)), seed=seed)
     if options.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
