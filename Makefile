@@ -13,15 +13,16 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,export]"
+	$(PY) -m pip install --quiet -e ".[test,export,tune]"
 	touch $@
 
 setup: $(VENV)/.installed
 
 # The launchers the e2e tests run for real, from the distribution: OpenMPI and MPICH (mpirun,
-# mpiexec), and Slurm with munge (a one-node cluster that the tests start and stop themselves).
-SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge
-SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged
+# mpiexec), Slurm with munge (a one-node cluster that the tests start and stop themselves), and
+# PostgreSQL (a server `dptrain tune --storage postgresql://` is tested against, started by the test).
+SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge postgresql
+SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged pg_ctlcluster
 system-deps:
 	@for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing=1; done; \
 	[ -z "$$missing" ] || { \

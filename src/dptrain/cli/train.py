@@ -112,7 +112,11 @@ def read_toml(path: Path | str) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    raw = raw.get("train", raw)  # keys may sit at the top level or under [train]
+    return table_options(raw.get("train", raw), path)  # at the top level or under [train]
+
+
+def table_options(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The options of a TOML table, type-checked; an unknown key is an error naming `path`."""
     out = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
