@@ -1,8 +1,8 @@
 """No silent failure to learn (docs/design.md, contract 10): the registry's TAGI CNN does not
-collapse on MNIST-format digits, a run that does (pytagi's initialisation on seed 0, which
-collapses in its first epoch under the Trainer's data order) is named in one warning line and
-in the summary, healthy runs and regression runs never warn, and the check's sums reduce like
-every other metric."""
+collapse on MNIST-format digits, a run that does (a network whose hidden ReLUs are dead for
+every input from the start, tests/_collapsing_model.py: collapsed by construction, whatever the
+CPU's float summation order) is named in one warning line and in the summary, healthy runs and
+regression runs never warn, and the check's sums reduce like every other metric."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from dptrain.learners.models import build_model
 from dptrain.train.trainer import TrainConfig, Trainer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+COLLAPSED_MODEL = f"{Path(__file__).resolve().parents[1] / '_collapsing_model.py'}:dead_relus"
+"""A model file whose hidden ReLU layer is dead for every input from its first step."""
 
 
 def _digit_files():
@@ -66,21 +68,23 @@ def test_default_cnn_never_collapses_on_mnist_digits(mnist_digits, tmp_path, cap
 
 
 def test_a_collapsed_run_is_named_once_and_recorded(mnist_digits, tmp_path, caplog):
-    """pytagi's initialisation, seed 0: at chance from the first epoch, every test prediction
-    in one class; one warning line naming symptom and remedies, the record in the summary."""
+    """A network collapsed by construction (its hidden ReLUs dead for every input, so they
+    never receive an innovation): at chance from the first epoch, every test prediction in one
+    class; one warning line naming symptom and remedies, the record in the summary."""
     caplog.set_level(logging.WARNING)
-    summary = _fit(mnist_digits, tmp_path / "run", "tagi-cnn-pytagi", seed=0, epochs=2)
+    summary = _fit(mnist_digits, tmp_path / "run", COLLAPSED_MODEL, seed=0, epochs=2)
     assert summary["test_error"] > 0.8
     record = summary["collapse"]
     assert record["epoch"] == 1 and record["output_spread"] < collapse.SPREAD_TOL
     assert record["top_class_share"] == 1.0
     (line,) = _collapse_warnings(caplog)
-    assert "\n" not in line and "epoch 1" in line and "--gain 0.5" in line
+    assert "\n" not in line and "epoch 1" in line and collapse.REMEDIES in line
 
 
 def test_stop_on_collapse_raises_after_the_evaluation(mnist_digits, tmp_path):
+    """The same network: the first evaluation finds the collapse and stops the run there."""
     with pytest.raises(TrainingCollapsed, match="collapsed at epoch 1") as err:
-        _fit(mnist_digits, tmp_path / "run", "tagi-cnn-pytagi", seed=0, epochs=3,
+        _fit(mnist_digits, tmp_path / "run", COLLAPSED_MODEL, seed=0, epochs=3,
              stop_on_collapse=True)
     assert err.value.exit_code == 7
 
