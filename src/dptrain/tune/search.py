@@ -26,6 +26,7 @@ from dptrain.tune.runner import Runner, SubprocessRunner
 from dptrain.tune.space import parse_space
 from dptrain.tune.study import import_optuna, open_study, storage_for
 from dptrain.tune.worker import Worker
+from dptrain.train.job import check_monitor, default_monitor, load_job_split
 from dptrain.train.options import TrainOptions
 
 
@@ -34,7 +35,6 @@ def resolve_monitor(options: TuneOptions, train: TrainOptions, *, check: bool) -
     `check`), else the runs' own default, refused when it is a test metric."""
     if not check:
         return options.monitor
-    from dptrain.train.job import check_monitor, default_monitor, load_job_split
 
     split = load_job_split(train)
     check_monitor(train, split)
