@@ -38,8 +38,16 @@ from dptrain.dist import (
 from dptrain.dist.env import SINGLE
 from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError, DataError
-from dptrain.learners.build import create_learner, create_model, model_split
-from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.build import (
+    RunLength,
+    create_learner,
+    create_model,
+    lr_schedule,
+    model_split,
+    peak_lr,
+)
+from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
+from dptrain.learners.torch_learner import TorchLearner
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train.options import TrainOptions, run_record
@@ -73,8 +81,17 @@ def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
     split = load_job_split(options)
-    create_model(options.part(ModelConfig), split, seed=options.seed, dataset=options.dataset)
+    _, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
+                           dataset=options.dataset)
+    if kind == "tagi":
+        refuse_torch_options(options.part(LearnerConfig), options.model)
+    else:  # the schedule against the run's length (warmup, milestones)
+        lr_schedule(options.part(LearnerConfig), len(split.train), run_length(options))
     check_monitor(options, split)
+
+
+def run_length(options: TrainOptions) -> RunLength:
+    return RunLength(batch_size=options.batch_size, epochs=options.epochs)
 
 
 def default_monitor(task: str) -> str:
@@ -90,7 +107,7 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     if model.precision == "fp16":  # needs CUDA; the metrics are those of float32
         model = replace(model, precision="32")
     learner = create_learner(model, options.part(LearnerConfig), split, seed=options.seed,
-                             dataset=options.dataset)
+                             dataset=options.dataset, run=run_length(options))
     learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
     # Two samples at least: BatchNorm needs two values per channel to train.
     train = learner.train_step(fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
@@ -111,10 +128,17 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
                           f"{', '.join(names)}")
 
 
-def train_config(options: TrainOptions, split: Split) -> TrainConfig:
-    """The Trainer's config: the options, with the monitored metric the task implies."""
+def train_config(options: TrainOptions, split: Split, *, torch_model: bool = False
+                 ) -> TrainConfig:
+    """The Trainer's config: the options, with the monitored metric the task implies (its EMA
+    twin with --ema); a torch model's peak learning rate in the record."""
     fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
     monitor = options.monitor or default_monitor(split.task)
+    if options.ema and not options.monitor:
+        monitor = ema_metric(monitor)  # the averaged model is the one a run with EMA keeps
+    record = dict(vars(options))
+    if torch_model:  # what --lr became at this global batch (--lr-scaling)
+        record["peak_lr"] = peak_lr(options.part(LearnerConfig), options.batch_size)
     return TrainConfig(
         out_dir=Path(options.out), num_epochs=options.epochs,
         global_batch_size=options.batch_size, seed=options.seed,
@@ -122,7 +146,7 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
         resume=options.resume, monitor=monitor,
         monitor_mode="max" if "log_likelihood" in monitor else "min",
         patience=options.patience or None, progress=options.progress,
-        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)),
+        fail_at=FailAt.parse(fail_at) if fail_at else None, record=record,
         run_record=run_record(options),
         workers=resolve_workers(options.part(DataConfig), split, torch.get_num_threads()))
 
@@ -151,13 +175,16 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     split = load_job_split(options)
     check_same_files(split)
     learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
-                             seed=options.seed, dataset=options.dataset)
-    config = train_config(options, split)
+                             seed=options.seed, dataset=options.dataset,
+                             run=run_length(options))
+    config = train_config(options, split, torch_model=isinstance(learner, TorchLearner))
     # The device type, not rank 0's device: with NCCL every rank has its own GPU.
     rank_zero_print(f"dptrain train: {options.model} on {split!r}, {runtime.env.world_size} "
                     f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}) "
                     f"on {runtime.device.type}, global batch {options.batch_size}, run "
                     f"directory {options.out}")
+    if "peak_lr" in config.record:
+        rank_zero_print(f"learning rate: {optimizer_line(options, config.record['peak_lr'])}")
     summary = Trainer(learner, split, config, runtime).fit()
     rank_zero_print(f"done: {headline(summary, split.task)} after {summary['final_epoch']} "
                     f"epoch(s), {summary['samples_per_s']:.0f} samples/s, "
@@ -166,6 +193,21 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
                     f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
                     f"{Path(options.out) / 'tb'})")
     return summary
+
+
+def ema_metric(name: str) -> str:
+    """The EMA model's twin of a metric column: test_error -> test_ema_error."""
+    part, _, metric = name.partition("_")
+    return f"{part}_ema_{metric}"
+
+
+def optimizer_line(options: TrainOptions, peak: float) -> str:
+    """How the learning rate was set, for the job's first lines."""
+    scaled = "" if options.lr_scaling == "none" else \
+        f" ({options.lr:g} at batch {options.lr_batch}, {options.lr_scaling} scaling to batch " \
+        f"{options.batch_size})"
+    warmup = f", warmup {options.warmup:g} {options.schedule_unit}" if options.warmup else ""
+    return f"peak {peak:.6g}{scaled}, {options.optimizer}, schedule {options.schedule}{warmup}"
 
 
 def check_same_files(split: Split) -> None:

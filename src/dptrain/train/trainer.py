@@ -7,7 +7,6 @@ metric reduction at each epoch end, and around checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -24,6 +23,7 @@ from dptrain import dist as dd
 from dptrain.data import ShardedSampler, Split, num_samples_per_rank, world_sizes_dividing
 from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.errors import ConfigError, RankFailure
+from dptrain.fingerprint import params_sha256
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import loggers, resume, rng
@@ -96,16 +96,6 @@ class TrainConfig:
         return out
 
 
-def params_sha256(state: dict[str, torch.Tensor]) -> str:
-    """Fingerprint of named tensors (names, dtypes, shapes and bytes), for exact comparisons."""
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
     """`{prefix}_{name}` per metric, plus rmse from mse."""
     out = {f"{prefix}_{k}": v for k, v in means.items()}
@@ -169,6 +159,8 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
         self._layout = ""
+        self._step_scalars: dict[str, float] = {}
+        """The learner's per-step values (learning rate) of the last step: epochs.csv's."""
         self._epoch_sums: Metrics = {}
         """This rank's (sum, count) per train metric so far in the current epoch; saved in
         mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
@@ -248,6 +240,9 @@ class Trainer:
             self.step_times.begin_step()
             metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
+            self._step_scalars = self.learner.step_scalars()
+            if self.tb is not None and self._step_scalars:
+                self.tb.log_step(self._step_scalars, self.step)
             self.step_times.end_step(self.step, fetched)
             seen += len(batch[1])
             for name, (s, c) in metrics.items():
@@ -285,7 +280,8 @@ class Trainer:
         return _derived(self.learner.end_evaluation(means), "test")
 
     def _end_epoch(self, train_means: dict[str, float], test_means: dict[str, float]) -> bool:
-        record = {"epoch": self.epoch + 1, "step": self.step, **train_means, **test_means}
+        record = {"epoch": self.epoch + 1, "step": self.step, **self._step_scalars,
+                  **train_means, **test_means}
         self.history.append(record)
         improved = self.early.update(self.epoch + 1, record)
         if self.rank == 0:
@@ -326,6 +322,8 @@ class Trainer:
         before anyone steps on (torch.distributed.checkpoint); rank 0 then checksums and
         publishes them in the background too, as nothing touches those files any more."""
         started = time.perf_counter()
+        if self.tb is not None:
+            self.tb.flush()  # the steps before this checkpoint, which a resume will not log
         rng_states = dd.all_gather_object(rng.capture())
         fail_at, step = self.config.fail_at, self.step  # the thread runs after steps moved on
         midway = None if fail_at is None else \
