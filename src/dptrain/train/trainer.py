@@ -97,10 +97,11 @@ class TrainConfig:
 
 
 def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
-    """`{prefix}_{name}` per metric, plus rmse from mse."""
+    """`{prefix}_{name}` per metric, plus rmse from mse (and ema_rmse from ema_mse)."""
     out = {f"{prefix}_{k}": v for k, v in means.items()}
-    if "mse" in means:
-        out[f"{prefix}_rmse"] = math.sqrt(means["mse"])
+    for name in ("mse", "ema_mse"):
+        if name in means:
+            out[f"{prefix}_{name[:-3]}rmse"] = math.sqrt(means[name])
     return out
 
 
