@@ -61,6 +61,7 @@ def test_torchvisions_resnet50_recipe_builds_with_its_published_settings():
     assert schedule.lr(0) == pytest.approx(0.005) and schedule.min_lr == 0.0
     assert learner.loss_fn.label_smoothing == 0.1
     assert (learner.ema.decay, learner.ema.every) == (0.99891, 32)
+    assert (options.mixup, options.cutmix) == (0.2, 1.0)
     assert options.model == "torch-resnet50" and options.image_size == 224
 
 

@@ -23,6 +23,7 @@ TORCH = {"model": "torch-mlp"}
     ({"label_smoothing": 1.0}, "label-smoothing: expected a value in [0, 1)"),
     ({"ema": 1.0}, "ema: expected a decay in [0, 1) (0: no EMA)"),
     ({"lr_scaling": "cube"}, "lr-scaling: expected none, linear, sqrt"),
+    ({"mixup": -0.2}, "mixup: expected an alpha >= 0 (0: off), got -0.2"),
 ])
 def test_bad_torch_options_are_one_line(options, message):
     with pytest.raises(ConfigError) as caught:
@@ -51,3 +52,12 @@ def test_a_warmup_longer_than_the_run_fails_in_the_launcher_before_any_worker(ca
     assert code != 0 and err == ("dptrain train: error: warmup 12 steps is as long as the run "
                                  "or longer (2 epochs of 6 steps = 12 steps)"), err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_mixing_that_the_data_cannot_take_is_one_line_in_the_launcher(capsys, tmp_path):
+    code = main(["train", "--model", "torch-mlp", "--dataset", "digits", "--nproc", "2",
+                 "--cutmix", "1.0", "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and err == ("dptrain train: error: cutmix pastes a box of one image into "
+                                 "another; dataset digits has inputs of shape (64,), not "
+                                 "(channels, height, width)"), err

@@ -171,6 +171,12 @@ class LearnerConfig:
     load_run use."""
     ema_every: int = 1
     """Torch models: update the EMA every this many optimizer steps."""
+    mixup: float = 0.0
+    """Torch classification: mixup with weights ~ Beta(alpha, alpha), alpha this (0: off;
+    torchvision's ResNet-50 recipe: 0.2); each sample's partner from the same global batch."""
+    cutmix: float = 0.0
+    """Torch classification on images: cutmix with Beta(alpha, alpha), alpha this (0: off;
+    torchvision's: 1.0); with mixup too, each sample takes one of the two, half each."""
     strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata=cli(choices=True))
     """Torch models: ddp (replicated) or fsdp (FSDP2 fully_shard, sharded checkpoints)."""
     accumulation_steps: int = 1
@@ -188,7 +194,7 @@ class LearnerConfig:
 
 TORCH_ONLY = ("lr_scaling", "optimizer", "momentum", "nesterov", "weight_decay",
               "decay_norm_and_bias", "clip_grad_norm", "schedule", "warmup", "min_lr",
-              "milestones", "label_smoothing", "ema")
+              "milestones", "label_smoothing", "ema", "mixup", "cutmix")
 """Learner options a TAGI model has no use for (it has no learning rate); given one, a TAGI
 run is refused rather than trained without it."""
 
@@ -210,6 +216,9 @@ def check_torch_options(config: LearnerConfig) -> None:
         raise bad_value(config, "label_smoothing", "a value in [0, 1)")
     if not 0.0 <= config.ema < 1.0:
         raise bad_value(config, "ema", "a decay in [0, 1) (0: no EMA)")
+    for name in ("mixup", "cutmix"):
+        if not getattr(config, name) >= 0:
+            raise bad_value(config, name, "an alpha >= 0 (0: off)")
     milestones(config)
 
 

@@ -26,6 +26,7 @@ from dptrain import dist as dd
 from dptrain.data import Split
 from dptrain.data.config import DataConfig, load_split, resolve_workers
 from dptrain.data.loader import fetch_batch
+from dptrain.data.mixing import Mixing
 from dptrain.dist import (
     Runtime,
     broadcast_object,
@@ -85,9 +86,25 @@ def preflight(options: TrainOptions) -> None:
                            dataset=options.dataset)
     if kind == "tagi":
         refuse_torch_options(options.part(LearnerConfig), options.model)
-    else:  # the schedule against the run's length (warmup, milestones)
+    else:  # the schedule against the run's length (warmup, milestones); mixing and the data
         lr_schedule(options.part(LearnerConfig), len(split.train), run_length(options))
+        mixing(options, split)
     check_monitor(options, split)
+
+
+def mixing(options: TrainOptions, split: Split) -> Mixing | None:
+    """The run's mixup/cutmix, or None; one line where the data cannot take it."""
+    if not (options.mixup or options.cutmix):
+        return None
+    if split.task != "classification":
+        raise ConfigError(f"mixup and cutmix mix class labels; dataset {options.dataset} is a "
+                          f"{split.task} task")
+    if options.cutmix and len(split.input_shape) != 3:
+        raise ConfigError(f"cutmix pastes a box of one image into another; dataset "
+                          f"{options.dataset} has inputs of shape {split.input_shape}, not "
+                          f"(channels, height, width)")
+    return Mixing(mixup=options.mixup, cutmix=options.cutmix, num_classes=split.num_classes,
+                  seed=options.seed)
 
 
 def run_length(options: TrainOptions) -> RunLength:
@@ -147,6 +164,7 @@ def train_config(options: TrainOptions, split: Split, *, torch_model: bool = Fal
         monitor_mode="max" if "log_likelihood" in monitor else "min",
         patience=options.patience or None, progress=options.progress,
         fail_at=FailAt.parse(fail_at) if fail_at else None, record=record,
+        mixing=mixing(options, split) if torch_model else None,
         run_record=run_record(options),
         workers=resolve_workers(options.part(DataConfig), split, torch.get_num_threads()))
 

@@ -22,6 +22,7 @@ import torch
 from dptrain import dist as dd
 from dptrain.data import ShardedSampler, Split, num_samples_per_rank, world_sizes_dividing
 from dptrain.data.loader import BatchLoader, fetch_batch
+from dptrain.data.mixing import Mixing
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.fingerprint import params_sha256
 from dptrain.learners.protocol import Batch, Learner, Metrics
@@ -69,6 +70,9 @@ class TrainConfig:
     """Write checkpoints in a background thread: training pauses only to copy the state to
     memory (dptrain.train.writer). False: write and publish before the next step."""
     fail_at: FailAt | None = None
+    mixing: Mixing | None = None
+    """Mixup/cutmix of the training batches (`dptrain.data.mixing`): partners and weights
+    from (seed, epoch, global position), the same on any world size."""
     record: dict[str, Any] = field(default_factory=dict)
     """What built this run (the CLI's options), stored for the record."""
     run_record: dict[str, Any] = field(default_factory=dict)
@@ -140,7 +144,7 @@ class Trainer:
                                            world_size=self.world_size, mode="eval")
         pin = runtime.device.type == "cuda"
         self.loader = BatchLoader(split.train, self.sampler, self.local_batch_size,
-                                  workers=config.workers, pin_memory=pin)
+                                  workers=config.workers, pin_memory=pin, mixing=config.mixing)
         self.eval_loader = BatchLoader(split.test, self.eval_sampler, config.eval_batch_size,
                                        workers=config.workers, pin_memory=pin)
         self.data_wait_s = 0.0
