@@ -61,3 +61,11 @@ def test_mixing_that_the_data_cannot_take_is_one_line_in_the_launcher(capsys, tm
     assert code != 0 and err == ("dptrain train: error: cutmix pastes a box of one image into "
                                  "another; dataset digits has inputs of shape (64,), not "
                                  "(channels, height, width)"), err
+
+
+def test_milestones_may_be_a_toml_array(tmp_path):
+    from dptrain.cli.train import read_toml
+
+    path = tmp_path / "run.toml"
+    path.write_text('model = "torch-mlp"\nschedule = "multistep"\nmilestones = [30, 60, 80]\n')
+    assert read_toml(path)["milestones"] == "30,60,80"

@@ -166,9 +166,9 @@ class LearnerConfig:
     """Torch classification: cross-entropy against (1 - e) x one-hot + e / classes."""
     ema: float = 0.0
     """Torch models: keep an exponential moving average of the weights with this decay per
-    update (0: none; torchvision's ResNet recipe: 0.99998 per 32 steps); evaluated beside the
-    live model (test_ema_* columns), checkpointed, and the model that monitor, best/ and
-    load_run use."""
+    update (0: none; torchvision's ResNet-50 recipe in these terms: 0.99891 every 32 steps);
+    evaluated beside the live model (test_ema_* columns), checkpointed, and the model that
+    monitor, best/ and load_run use."""
     ema_every: int = 1
     """Torch models: update the EMA every this many optimizer steps."""
     mixup: float = 0.0
