@@ -14,7 +14,8 @@ MNIST's IDX files (`dptrain train --dataset mnist:DIR`). Why: enough samples tha
 batch (512) still gives 118 steps per epoch, a task on which the small batch ends at a
 meaningful error rather than 0 %, and two cores train it in seconds per epoch.
 
-Runs (Goyal's Table 1 rows, same model, data and epochs, SGD with momentum 0.9, weight decay
+Runs (examples/configs/large_batch_digits.toml and Goyal's Table 1 rows beside it, same
+model, data and epochs, SGD with momentum 0.9, weight decay
 1e-4 without norms and biases, step decay x 0.1 at epochs 3, 6 and 8 of 9, as Goyal's 30, 60,
 80 of 90): batch B = 32 at lr 0.1 x B / 256 (Goyal's rule) with no warmup; batch 16 B = 512 with
 the lr scaled linearly (0.2) and a 1-epoch gradual warmup; the same without warmup; and batch
@@ -49,13 +50,14 @@ DEFAULT_OUTPUT = BENCH_DIR / "results" / "large_batch.json"
 SMALL, FACTOR, REFERENCE_LR, REFERENCE_BATCH = 32, 16, 0.1, 256
 TRAIN_DIGITS, TRAIN_COPIES, TEST_COPIES = 1500, 40, 20
 
-RUNS = {  # name: (global batch, extra options)
-    "small batch 32": (SMALL, ["--lr-scaling", "linear"]),
-    "batch 512, linear scaling + warmup": (SMALL * FACTOR, ["--lr-scaling", "linear",
-                                                          "--warmup", "WARMUP"]),
-    "batch 512, linear scaling, no warmup": (SMALL * FACTOR, ["--lr-scaling", "linear"]),
-    "batch 512, no scaling": (SMALL * FACTOR, ["--lr", str(REFERENCE_LR * SMALL /
-                                                        REFERENCE_BATCH)]),
+RECIPE = BENCH_DIR.parent / "examples" / "configs" / "large_batch_digits.toml"
+"""The large batch with scaling and warmup; the other rows override some of its options."""
+RUNS = {  # name: (global batch, options beyond the recipe's)
+    "small batch 32": (SMALL, ["--warmup", "0"]),
+    "batch 512, linear scaling + warmup": (SMALL * FACTOR, ["--warmup", "WARMUP"]),
+    "batch 512, linear scaling, no warmup": (SMALL * FACTOR, ["--warmup", "0"]),
+    "batch 512, no scaling": (SMALL * FACTOR, ["--warmup", "0", "--lr-scaling", "none", "--lr",
+                                               str(REFERENCE_LR * SMALL / REFERENCE_BATCH)]),
 }
 
 
@@ -86,13 +88,10 @@ def train(data: Path, out: Path, batch: int, extra: list[str], seed: int, epochs
     """One `dptrain train` run; its summary, or {"diverged": True} for a non-finite loss."""
     milestones = ",".join(str(round(epochs * m / 9, 3)) for m in (3, 6, 8))
     extra = [str(round(epochs / 9, 3)) if a == "WARMUP" else a for a in extra]  # 1 of 9
-    cmd = [sys.executable, "-m", "dptrain", "train", "--model", "torch-mlp", "--hidden", "256",
+    cmd = [sys.executable, "-m", "dptrain", "train", "--config", str(RECIPE),
            "--dataset", f"mnist:{data}", "--nproc", "1", "--threads", "1",
            "--epochs", str(epochs), "--batch-size", str(batch), "--seed", str(seed),
-           "--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "1e-4",
-           "--lr", str(REFERENCE_LR), "--lr-batch", str(REFERENCE_BATCH),
-           "--schedule", "multistep", "--milestones", milestones, "--no-progress",
-           "--out", str(out), *extra]
+           "--milestones", milestones, "--no-progress", "--out", str(out), *extra]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - started

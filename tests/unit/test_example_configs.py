@@ -44,7 +44,8 @@ def _built(name: str, num_train: int, shape: tuple[int, ...], num_classes: int):
 
 def test_every_recipe_file_is_tested_here():
     assert sorted(p.name for p in CONFIGS.glob("*.toml")) == [
-        "resnet18_cifar10.toml", "resnet50_imagenet.toml", "resnet50_imagenet_v1.toml"]
+        "large_batch_digits.toml", "resnet18_cifar10.toml", "resnet50_imagenet.toml",
+        "resnet50_imagenet_v1.toml"]
 
 
 def test_torchvisions_resnet50_recipe_builds_with_its_published_settings():
@@ -89,3 +90,12 @@ def test_the_cifar_resnet18_recipe_builds():
     assert (schedule.peak, schedule.warmup_steps, schedule.total_steps) == \
         (0.1, 391, 200 * 391)
     assert options.augment == "on" and learner.config.sync_batchnorm
+
+
+def test_the_large_batch_benchmarks_recipe_builds():
+    """bench/large_batch.py's large batch: 60,000 images at 512, 118 steps per epoch."""
+    _, learner = _built("large_batch_digits.toml", 60_000, (1, 28, 28), 10)
+    schedule = learner.config.lr_schedule
+    assert (schedule.peak, schedule.warmup_steps, schedule.milestones, schedule.total_steps) == \
+        (0.2, 118, (354, 708, 944), 1062)
+    assert isinstance(learner.optimizer, torch.optim.SGD)

@@ -224,7 +224,8 @@ class TorchLearner:
         # Each group's share of the schedule's rate, from the rates the optimizer was built
         # with (a checkpoint's groups carry the rate of its last step, not these).
         first = self.optimizer.param_groups[0]["lr"]
-        self._peak_lrs = [g["lr"] / first for g in self.optimizer.param_groups]
+        self._peak_lrs = [g["lr"] / first if first else 1.0
+                          for g in self.optimizer.param_groups]
         if self.config.ema_decay:
             # After wrapping: the replicas are rank 0's by now, so the averages start equal.
             self.ema = WeightEma(module, decay=self.config.ema_decay,
