@@ -90,6 +90,12 @@ def test_killed_in_warmup_and_in_decay_resized_or_not_the_lr_trace_and_weights_a
     assert trace[1] == pytest.approx(0.005) and trace[16] == pytest.approx(0.05)  # warmup, peak
     assert trace[STEPS] < trace[30] < trace[16]  # cosine decay
     assert expected["ema_sha256"] != expected["params_sha256"]
+    # With EMA the averaged model is the run's: monitored (best/), and what load_run loads.
+    assert expected["best_test_ema_rmse"] is not None
+    from dptrain.fingerprint import params_sha256
+    from dptrain.inference import load_run
+    assert params_sha256(load_run(tmp_path / "clean", which="last").model.state_dict()) == \
+        expected["ema_sha256"]
 
     # Killed before step 8 (warmup; resumes from step 6) and before step 34 (decay; from 33).
     killed = _job(tmp_path / "killed", data, 2, "--fail-at", "1:8,0:34", "--max-restarts", "2",
