@@ -243,7 +243,8 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     if kept is not None:  # started from another run: trained in that run's input space
         split = renormalised(split, *from_record(kept))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
-    weights = dict(state["learner"]["model"])
+    # A run with EMA kept the averaged weights as its model: monitored, best/, used here.
+    weights = dict(state["learner"].get("ema") or state["learner"]["model"])
     if kind == "torch":
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
     model.load_state_dict(weights)
