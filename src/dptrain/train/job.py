@@ -110,13 +110,15 @@ def preflight(options: TrainOptions) -> None:
 
 
 def monitor_of(options: TrainOptions, split: Split) -> str:
-    """The metric that chooses: --monitor, else the validation error or RMSE; the test ones
-    for a run from before validation parts (it has none), as it began."""
+    """The metric that chooses: --monitor, else the validation error or RMSE (its EMA twin
+    with --ema: the averaged model is the one such a run keeps); the test ones for a run from
+    before validation parts (it has none), as it began."""
     if options.monitor:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    return default_monitor(split.task, split.validation is not None)
+    monitor = default_monitor(split.task, split.validation is not None)
+    return ema_metric(monitor) if options.ema and monitor else monitor
 
 
 def mixing(options: TrainOptions, split: Split) -> Mixing | None:
@@ -184,8 +186,6 @@ def train_config(options: TrainOptions, split: Split, *, torch_model: bool = Fal
     twin with --ema); a torch model's peak learning rate in the record."""
     fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
     monitor = monitor_of(options, split)
-    if options.ema and not options.monitor:
-        monitor = ema_metric(monitor)  # the averaged model is the one a run with EMA keeps
     record = dict(vars(options))
     if torch_model:  # what --lr became at this global batch (--lr-scaling)
         record["peak_lr"] = peak_lr(options.part(LearnerConfig), options.batch_size)
