@@ -16,7 +16,7 @@ import pytest
 
 import dptrain
 
-LAYERS = ("dist", "data", "tagi", "learners", "train", "inference", "cli")
+LAYERS = ("dist", "data", "tagi", "pytagi", "learners", "train", "inference", "cli")
 """Bottom to top; a module may import its own layer and those listed before it."""
 FOUNDATION = ("dptrain._version", "dptrain.errors", "dptrain.options", "dptrain.user_code")
 """Leaf modules every layer may import; they import nothing of dptrain above them."""
