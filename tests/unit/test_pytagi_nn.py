@@ -112,8 +112,10 @@ def test_devices_threads_and_no_ops():
     net.num_samples = 12
     assert net.num_samples == 12 and net.device == "cpu"
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match=r"to_device\('cuda'\): CUDA is not available"):
+        with pytest.warns(UserWarning, match=r"to_device\('cuda'\): CUDA is not available "
+                                             r"in this process; the network stays on the CPU"):
             net.to_device("cuda")
+        assert net.device == "cpu"
 
 
 def test_ddp_averages_by_default_like_pytagi():

@@ -25,8 +25,11 @@ from dptrain.pytagi.metric import HRCSoftmaxMetric
 from dptrain.pytagi.tagi_utils import HRCSoftmax, Normalizer, Utils, exponential_scheduler
 from dptrain.tagi import manual_seed
 
+is_cuda_available = cuda.is_available
+"""Called by pytagi 0.2.1's heteroscedastic example, though its own package lacks it."""
+
 __version__ = "0.2.1"
 """The pytagi version whose surface this package follows."""
 
 __all__ = ["HRCSoftmax", "HRCSoftmaxMetric", "Normalizer", "Utils", "cuda",
-           "exponential_scheduler", "manual_seed", "metric"]
+           "exponential_scheduler", "is_cuda_available", "manual_seed", "metric"]

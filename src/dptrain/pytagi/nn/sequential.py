@@ -4,6 +4,7 @@ method names, its `state_dict` format."""
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -53,20 +54,19 @@ class Sequential:
         return self._outputs
 
     def set_delta_z(self, delta_mu: Any, delta_var: Any) -> None:
-        """Write the output innovations directly (instead of an OutputUpdater), flat or shaped
-        like the last forward's output."""
+        """Write the output innovations by hand (instead of an OutputUpdater). Arrays of the
+        output's size take its shape; others are stored as given, as pytagi does, and a
+        `backward()` then refuses them naming both shapes."""
         out = self.model.output_z_buffer
         if out is None:
             raise RuntimeError("set_delta_z() needs a forward first")
-        shape = out.mu_a.shape
         buffer = self.model.input_delta_z_buffer
         for name, value in (("delta_mu", delta_mu), ("delta_var", delta_var)):
             tensor = torch.as_tensor(np.asarray(value), dtype=out.mu_a.dtype,
                                      device=out.mu_a.device)
-            if tensor.numel() != out.mu_a.numel():
-                raise ValueError(f"set_delta_z: {name} has {tensor.numel()} values, the last "
-                                 f"forward's output {tuple(shape)} has {out.mu_a.numel()}")
-            setattr(buffer, name, tensor.reshape(shape))
+            if tensor.numel() == out.mu_a.numel():
+                tensor = tensor.reshape(out.mu_a.shape)
+            setattr(buffer, name, tensor)
 
     def smoother(self) -> tuple[np.ndarray, np.ndarray]:
         mu, var = self.model.smoother()
@@ -116,9 +116,13 @@ class Sequential:
         return self.model.device.type
 
     def to_device(self, device: str) -> None:
-        """"cpu", "cuda" or "cuda:<i>"; refused in one line where CUDA is not usable."""
+        """"cpu", "cuda" or "cuda:<i>". Where CUDA is not usable the network stays on the CPU
+        with a warning (pytagi's examples ask for "cuda" unconditionally; the numbers are the
+        same, only slower)."""
         if str(device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"to_device({device!r}): CUDA is not available in this process")
+            warnings.warn(f"to_device({device!r}): CUDA is not available in this process; the "
+                          f"network stays on the CPU", stacklevel=2)
+            return
         self.model.to(device)
 
     def params_to_device(self) -> None:
