@@ -33,7 +33,7 @@ def rewrite_source(text: str) -> str:
     return "\n".join(rewrite_line(line) for line in text.split("\n"))
 
 
-def notebook_script(path: Path) -> str:
+def notebook_script(path: Path, rewrite: bool = True) -> str:
     cells = json.loads(path.read_text())["cells"]
     lines = []
     for cell in cells:
@@ -42,11 +42,14 @@ def notebook_script(path: Path) -> str:
         for line in "".join(cell["source"]).split("\n"):
             lines.append("" if line.lstrip().startswith(("%", "!")) else line)
         lines.append("")
-    return rewrite_source("\n".join(lines))
+    script = "\n".join(lines)
+    return rewrite_source(script) if rewrite else script
 
 
-def port_tree(source: Path, target: Path) -> None:
-    """Copy pytagi's examples, unit tests, data and tutorials with their imports rewritten."""
+def port_tree(source: Path, target: Path, *, rewrite: bool = True) -> None:
+    """Copy pytagi's examples, unit tests, data and tutorials with their imports rewritten
+    (`rewrite=False`: unchanged, notebooks still made scripts, to run on the wheel)."""
+    convert = rewrite_source if rewrite else (lambda text: text)
     for path in source.rglob("*"):
         rel = path.relative_to(source)
         out = target / rel
@@ -54,10 +57,10 @@ def port_tree(source: Path, target: Path) -> None:
             out.mkdir(parents=True, exist_ok=True)
         elif path.suffix == ".py":
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(rewrite_source(path.read_text()))
+            out.write_text(convert(path.read_text()))
         elif path.suffix == ".ipynb":
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.with_suffix(".py").write_text(notebook_script(path))
+            out.with_suffix(".py").write_text(notebook_script(path, rewrite))
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(path.read_bytes())
