@@ -79,8 +79,7 @@ def test_encoder_decoder_hand_over():
     decoder.step()
     handed = decoder.output_delta_z_buffer
     assert handed.delta_mu.shape == (2, 2)
-    encoder.input_delta_z_buffer.delta_mu = handed.delta_mu
-    encoder.input_delta_z_buffer.delta_var = handed.delta_var
+    encoder.input_delta_z_buffer.copy_from(handed)  # pytagi's line
     before = encoder.model.flat_params.clone()
     encoder.backward()
     encoder.step()
