@@ -116,15 +116,15 @@ def main(argv: list[str] | None = None) -> None:
             names = [n for n in FIGURES if all(n in r for r in runs["dptrain"] + runs["wheel"])]
             results[notebook] = {n: compare([r[n] for r in runs["dptrain"]],
                                             [r[n] for r in runs["wheel"]]) for n in names}
+            write_json(args.output, {"command": command_line(("DPTRAIN_PYTAGI_PROGRAMS",)),
+                                     "hardware": hardware(), "seeds": args.seeds,
+                                     "limit_difference_in_se": LIMIT_SE, "results": results})
     print(f"\n{'notebook':45} {'figure':20} {'dptrain':>16} {'wheel':>16} {'Δ/SE':>6}")
     for notebook, figures in results.items():
         for name, c in figures.items():
             print(f"{notebook:45} {name:20} {c['dptrain_mean']:8.4f} ± {c['dptrain_std']:.4f}"
                   f" {c['wheel_mean']:8.4f} ± {c['wheel_std']:.4f} {c['difference_in_se']:6.2f}")
-    write_json(args.output, {"command": command_line(("DPTRAIN_PYTAGI_PROGRAMS",)),
-                             "hardware": hardware(), "seeds": args.seeds,
-                             "limit_difference_in_se": LIMIT_SE, "results": results})
-    print(f"wrote {args.output}")
+    print(f"wrote {args.output}")  # after every notebook, so a failure keeps what was done
 
 
 if __name__ == "__main__":
