@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from _machine import command_line  # noqa: E402
-from tagi_vs_pytagi import BENCH_DIR, PYTAGI_VENV, hardware, setup_pytagi_venv, write_json  # noqa: E402
+from tagi_vs_pytagi import (BENCH_DIR, PYTAGI_VENV, hardware,  # noqa: E402
+                            setup_pytagi_venv, write_json)
 from tests.pytagi_programs.rewrite import port_tree  # noqa: E402
 
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "pytagi_tutorials_vs_wheel.json"
