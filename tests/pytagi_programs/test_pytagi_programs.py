@@ -23,16 +23,17 @@ pytestmark = pytest.mark.e2e
 
 
 def _source() -> Path | None:
+    """$DPTRAIN_PYTAGI_PROGRAMS when set (and then only it), else the checkout beside the
+    repository's parent."""
     named = os.environ.get("DPTRAIN_PYTAGI_PROGRAMS")
-    for candidate in ([Path(named)] if named else []) + [REPO.parent / "shared" / "pytagi-0.2.1"]:
-        if (candidate / "examples").is_dir():
-            return candidate
-    return None
+    candidate = Path(named) if named else REPO.parent / "shared" / "pytagi-0.2.1"
+    return candidate if (candidate / "examples").is_dir() else None
 
 
 SOURCE = _source()
-SKIP = "pytagi 0.2.1's programs not found: set DPTRAIN_PYTAGI_PROGRAMS to a checkout of " \
-       "cuTAGI's tag v0.2.1"
+SKIP = ("pytagi 0.2.1's programs not found (no examples/ in "
+        f"{os.environ.get('DPTRAIN_PYTAGI_PROGRAMS') or 'the default place'}): set "
+        "DPTRAIN_PYTAGI_PROGRAMS to a checkout of cuTAGI's tag v0.2.1")
 
 # (name, command after `python`, what the program prints at its end: a finite figure (nan or
 # inf would not match) or its unittest verdict)
