@@ -86,12 +86,14 @@ NEED_DOWNLOAD = ["docs/tutorials/TAGI_Tutorial_04_MNIST_CNN (torchvision's MNIST
 
 NEED_NEW_LAYERS = {
     "examples/autoencoder.py": "ConvTranspose2d",
-    "docs/tutorials/TAGI_Tutorial_06_Autoencoder_MNIST": "ConvTranspose2d",
-    "examples/softmax_mnist.py": "Softmax / ClosedFormSoftmax",
-    "examples/softmax_cifar.py": "Softmax / ClosedFormSoftmax",
+    "docs/tutorials/TAGI_Tutorial_06_Autoencoder_MNIST": "ConvTranspose2d (and torchvision's MNIST)",
+    "examples/softmax_mnist.py": "Softmax / ClosedFormSoftmax (and torchvision's MNIST)",
+    "examples/softmax_cifar.py": "Softmax / ClosedFormSoftmax (and torchvision's CIFAR-10)",
 }
-"""Programs that need the engine layers built on another branch; enable them in PROGRAMS once
-`dptrain.tagi` has these layers (dptrain.pytagi.nn re-exports them when present)."""
+"""Programs that need the engine layers built on another branch (dptrain.pytagi.nn re-exports
+them from dptrain.tagi when present). Once they are there, autoencoder.py joins PROGRAMS as
+("autoencoder", ["examples/autoencoder.py", "--num_epochs=1"], <its closing line>): it reads
+the generated MNIST-format files; the other three also need torchvision's downloads."""
 
 
 @pytest.fixture(scope="module")
