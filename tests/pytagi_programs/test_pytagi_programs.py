@@ -86,7 +86,8 @@ NEED_DOWNLOAD = ["docs/tutorials/TAGI_Tutorial_04_MNIST_CNN (torchvision's MNIST
 
 NEED_NEW_LAYERS = {
     "examples/autoencoder.py": "ConvTranspose2d",
-    "docs/tutorials/TAGI_Tutorial_06_Autoencoder_MNIST": "ConvTranspose2d (and torchvision's MNIST)",
+    "docs/tutorials/TAGI_Tutorial_06_Autoencoder_MNIST":
+        "ConvTranspose2d (and torchvision's MNIST)",
     "examples/softmax_mnist.py": "Softmax / ClosedFormSoftmax (and torchvision's MNIST)",
     "examples/softmax_cifar.py": "Softmax / ClosedFormSoftmax (and torchvision's CIFAR-10)",
 }
