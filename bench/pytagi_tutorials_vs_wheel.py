@@ -43,6 +43,8 @@ FIGURES = {"train_mse": re.compile(r"Epoch (\d+)/\1\| mse:\s*([-\d.]+)"),
 SEED_HOOK = {"dptrain": "import torch\ntorch.manual_seed({seed})\n",
              "wheel": "import pytagi\npytagi.manual_seed({seed})\n"}
 LIMIT_SE = 2.5
+#: How the run was started, without the machine's path to the programs.
+COMMAND = "DPTRAIN_PYTAGI_PROGRAMS=<cuTAGI v0.2.1 checkout> " + command_line()
 
 
 def prepare(programs: Path, root: Path) -> dict[str, Path]:
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             names = [n for n in FIGURES if all(n in r for r in runs["dptrain"] + runs["wheel"])]
             results[notebook] = {n: compare([r[n] for r in runs["dptrain"]],
                                             [r[n] for r in runs["wheel"]]) for n in names}
-            write_json(args.output, {"command": command_line(("DPTRAIN_PYTAGI_PROGRAMS",)),
+            write_json(args.output, {"command": COMMAND,
                                      "hardware": hardware(), "seeds": args.seeds,
                                      "limit_difference_in_se": LIMIT_SE, "results": results})
     print(f"\n{'notebook':45} {'figure':20} {'dptrain':>16} {'wheel':>16} {'Δ/SE':>6}")
