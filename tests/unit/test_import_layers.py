@@ -16,7 +16,8 @@ import pytest
 
 import dptrain
 
-LAYERS = ("dist", "data", "tagi", "learners", "train", "inference", "export", "tune", "cli")
+LAYERS = ("dist", "data", "tagi", "pytagi", "learners", "train", "inference", "export", "tune",
+          "cli")
 """Bottom to top; a module may import its own layer and those listed before it."""
 FOUNDATION = ("dptrain._version", "dptrain.errors", "dptrain.fingerprint", "dptrain.options",
               "dptrain.user_code")
