@@ -249,17 +249,21 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
 
 
 def write_forecast(path: str | Path, forecast: Forecast, series: Any) -> None:
-    """One row per series and test time step: series, time, observed (empty where missing),
-    forecast mean and variance, in the data's units."""
+    """One row per series and test time step: series, time, origin (the time of the first
+    step of the forecast this value belongs to: the test part's first for one forecast of the
+    whole part, rolling with `--forecast-every`), observed (empty where missing), forecast
+    mean and variance, in the data's units."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["series", "time", "observed", "mean", "var"])
+        writer.writerow(["series", "time", "origin", "observed", "mean", "var"])
+        origins = forecast.origins.tolist()
         for s, name in enumerate(series.names):
             for k in range(forecast.mean.shape[1]):
                 observed = forecast.observed[s, k].item()
                 writer.writerow([name, series.times[forecast.start + k],
+                                 series.times[origins[k]],
                                  "" if observed != observed else f"{observed:.9g}",
                                  f"{forecast.mean[s, k].item():.9g}",
                                  f"{forecast.var[s, k].item():.9g}"])

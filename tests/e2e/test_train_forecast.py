@@ -57,9 +57,13 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
     done, again = _summary(tmp_path / "clean"), _summary(tmp_path / "killed")
     assert done["world_size"] == 2 and done["params_sha256"] == again["params_sha256"]
     forecast_keys = [k for k in done if k.startswith("forecast_")]
-    assert sorted(forecast_keys) == ["forecast_coverage_2sigma", "forecast_log_likelihood",
-                                     "forecast_mase", "forecast_nd", "forecast_p90_loss",
-                                     "forecast_rmse"]
+    metrics = ["rmse", "log_likelihood", "coverage_1sigma", "coverage_2sigma",
+               "coverage_3sigma", "nd", "p90_loss", "mase", "mase_seasonal"]
+    assert sorted(forecast_keys) == sorted(
+        [f"forecast_{m}" for m in metrics] + [f"forecast_{m}_naive" for m in metrics]
+        + ["forecast_every", "forecast_season", "forecast_naive_season"])
+    assert done["forecast_season"] == 7  # daily dates: a week (and a year, too long here)
+    assert "(seasonal naive " in clean.stdout
     assert all(done[k] == again[k] and math.isfinite(done[k]) for k in forecast_keys)
     assert (tmp_path / "killed" / "epochs.csv").read_text() == \
         (tmp_path / "clean" / "epochs.csv").read_text()

@@ -48,7 +48,7 @@ def test_metrics_follow_their_definitions():
     t = np.arange(20.0)
     values = np.stack([t % 4, 10 + (t % 3) * 2])  # steps 16-19 are the test part
     values[1, 18] = np.nan
-    series = _series(values)
+    series = dataclasses.replace(_series(values), season=3)
     assert series.val_end == 16
     mean = torch.tensor([[0.5, 1.0, 2.5, 3.0], [12.0, 14.0, 9.0, 12.0]])
     var = torch.tensor([[0.25, 1.0, 4.0, 1.0], [1.0, 4.0, 1.0, 0.25]])
@@ -62,13 +62,16 @@ def test_metrics_follow_their_definitions():
     pinball = np.where(y[seen] >= q, 0.9 * (y[seen] - q), 0.1 * (q - y[seen]))
     naive = [np.abs(np.diff(values[s, :14])).mean() for s in range(2)]  # train_end = 14
     mase = np.mean([np.abs(y[s] - m[s])[seen[s]].mean() / naive[s] for s in range(2)])
+    # season 3: series 1 repeats itself exactly (scale 0, left out); series 0 changes by 1 or 3
+    seasonal = np.abs(values[0, 3:14] - values[0, :11]).mean()
     want = {
         "rmse": np.sqrt((e ** 2).mean()),
         "log_likelihood": np.mean(-0.5 * np.log(2 * np.pi * v[seen]) - 0.5 * e ** 2 / v[seen]),
-        "coverage_2sigma": np.mean(e <= 2 * np.sqrt(v[seen])),
+        **{f"coverage_{k}sigma": np.mean(e <= k * np.sqrt(v[seen])) for k in (1, 2, 3)},
         "nd": e.sum() / np.abs(y[seen]).sum(),
         "p90_loss": 2 * pinball.sum() / np.abs(y[seen]).sum(),
         "mase": mase,
+        "mase_seasonal": np.abs(y[0] - m[0]).mean() / seasonal,
     }
     assert set(got) == set(want)
     for name, value in want.items():

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ class DataConfig:
     dataset: str = "digits"
     """digits, digits-image, diabetes, toy1d, toy1d-hetero, mnist:DIR, fashion-mnist:DIR,
     cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
-    npz:PATH, time series: sine, seasonal, series:PATH.csv (docs/forecasting.md), or
+    npz:PATH, time series: sine, seasonal, hourly, series:PATH.csv (docs/forecasting.md), or
     PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own datasets (see
     dptrain.data.load_dataset)."""
     augment: Literal["auto", "on", "off"] = field(default="auto", metadata=cli(
@@ -50,6 +51,14 @@ class DataConfig:
     horizon: int = 1
     """Time series: values after the window the model predicts at once (its targets); a
     longer forecast feeds its predictions back as inputs."""
+    season: int = 0
+    """Time series: the seasonal period m, in time steps, of the seasonal naive baseline and
+    the seasonal MASE (0: from the time spacing: a day and a week for hourly values, the best
+    of the two on the validation part; docs/forecasting.md)."""
+    forecast_every: int = 0
+    """Time series: rolling-origin evaluation: forecast K steps from an origin, reveal them,
+    move the origin K steps on, until the test part is covered (0: one recursive forecast of
+    the whole test part)."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
@@ -63,6 +72,7 @@ class DataConfig:
         if self.bad_images not in ("error", "skip"):
             raise bad_value(self, "bad_images", "error or skip")
         check_at_least(self, ("lookback", "horizon"), 1)
+        check_at_least(self, ("season", "forecast_every"), 0)
         if self.workers < -1:
             raise bad_value(self, "workers", "an integer >= 0 (or -1: automatic)")
 
@@ -75,7 +85,8 @@ class DataConfig:
     def series_options(self) -> dict[str, int]:
         """lookback and horizon: every one for a time series, those changed for other data
         (which are refused)."""
-        options = {"lookback": self.lookback, "horizon": self.horizon}
+        options = {"lookback": self.lookback, "horizon": self.horizon, "season": self.season,
+                   "forecast_every": self.forecast_every}
         if self.dataset.partition(":")[0] in SERIES_DATASETS:
             return options
         defaults = DataConfig()
@@ -93,13 +104,36 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
     if series and kind not in SERIES_DATASETS:
         raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
                           f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
+    protocol = {k: series.pop(k) for k in ("season", "forecast_every") if k in series}
     split = load_dataset(config.dataset, **options, **series)
+    if split.series is not None:
+        split = with_protocol(split, **protocol)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split
     if not isinstance(split.train, (ImageDataset, ImageFolderDataset)):
         raise ConfigError(f"--augment is for image datasets (mnist, cifar10, imagefolder); "
                           f"{config.dataset} has inputs {split.input_shape}")
     return split.with_train(split.train.with_augmentation(seed=seed))
+
+
+def with_protocol(split: Split, *, season: int = 0, forecast_every: int = 0) -> Split:
+    """The series' forecast protocol: its seasonal period (0: inferred) and rolling origins
+    every `forecast_every` steps (0: one forecast of the whole test part).
+
+    Raises:
+        ConfigError: a season longer than the training part, or K larger than the test part.
+    """
+    series = split.series
+    test_steps = series.values.shape[1] - series.val_end
+    if season > series.train_end:
+        raise ConfigError(f"{split.name}: --season {season} is longer than the training part "
+                          f"({series.train_end} time steps): the naive forecast would have no "
+                          f"value one season back")
+    if forecast_every > test_steps:
+        raise ConfigError(f"{split.name}: --forecast-every {forecast_every} is larger than the "
+                          f"test part ({test_steps} time steps)")
+    return dataclasses.replace(split, series=dataclasses.replace(
+        series, season=season, forecast_every=forecast_every))
 
 
 def resolve_workers(config: DataConfig, split: Split, cores: int) -> int:

@@ -197,7 +197,9 @@ def headline(summary: dict[str, Any], task: str) -> str:
         shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
                   f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
     if summary.get("forecast_rmse") is not None:  # a time series (docs/forecasting.md)
+        naive = summary.get("forecast_nd_naive")
+        versus = "" if naive is None else f" (seasonal naive {naive:.3f})"
         shown += (f"; forecast of the test part: rmse {summary['forecast_rmse']:.4g}, ND "
-                  f"{summary['forecast_nd']:.3f}, MASE {summary['forecast_mase']:.3f}, 2σ "
-                  f"coverage {pct('forecast_coverage_2sigma')}")
+                  f"{summary['forecast_nd']:.3f}{versus}, MASE {summary['forecast_mase']:.3f}, "
+                  f"2σ coverage {pct('forecast_coverage_2sigma')}")
     return shown

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,10 @@ import torch
 
 from dptrain.data.datasets._files import read_bytes
 from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
+from dptrain.data.datasets.spacing import season_candidates
 from dptrain.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 ID_COLUMNS = ("series", "series_id", "id")
 MISSING = ("", "nan", "na", "n/a", "null")
@@ -57,11 +61,25 @@ class SeriesData:
     lookback: int
     horizon: int
     with_ids: bool = False
+    season: int = 0
+    """The seasonal period m in time steps for the seasonal naive baseline and the seasonal
+    MASE (0: inferred from the time spacing, `season_candidates`)."""
+    forecast_every: int = 0
+    """Rolling-origin evaluation: forecast this many steps from an origin, then reveal them and
+    move the origin on (0: one recursive forecast of the whole test part)."""
 
     @property
     def normalised(self) -> torch.Tensor:
         """(S, T) standardised values, NaN where missing."""
         return self.norm.apply(self.values)
+
+    @property
+    def seasons(self) -> tuple[int, ...]:
+        """The seasonal periods the naive baseline tries: `season` if set, else those of the
+        time spacing (`season_candidates`), else (1,): the last value."""
+        if self.season:
+            return (self.season,)
+        return season_candidates(self.times) or (1,)
 
     def inputs(self) -> torch.Tensor:
         """(S, T) standardised values with missing ones filled as inputs are (module doc)."""
@@ -151,8 +169,9 @@ def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
     """Windows of the series in a CSV file (layouts in the module docstring).
 
     Raises:
-        DataError: unreadable file, a cell that is not a number, times out of order, a series
-            constant over its training part, or too short for one window.
+        DataError: unreadable file, a cell that is not a number, times out of order, no series
+            with 2 observed training values, or too short for one window. (A constant series
+            is kept, an empty one left out, each with a warning line: `series_split`.)
         ConfigError: lookback, horizon or fractions out of range.
     """
     names, times, values = read_series_csv(path)
@@ -180,6 +199,7 @@ def series_split(name: str, names: list[str], times: list[str], values: np.ndarr
     if num_steps - val_end < horizon:
         raise DataError(f"{where}: the test part has {num_steps - val_end} time steps, fewer "
                         f"than the horizon {horizon}")
+    names, values = _drop_empty(where, names, values, train_end)
     raw = torch.from_numpy(values.astype(np.float64))
     norm = _fit_per_series(where, names, raw[:, :train_end])
     series = SeriesData(names, times, raw, train_end, val_end, norm, lookback, horizon)
@@ -206,22 +226,38 @@ def _check_sizes(where: str, lookback: int, horizon: int, train_fraction: float,
 
 
 def _fit_per_series(where: str, names: list[str], train: torch.Tensor) -> Normalisation:
-    """Mean and std of each series' observed training values, (S, 1) each."""
+    """Mean and std of each series' observed training values, (S, 1) each. A series constant
+    over its training part has no std: it is kept with a safe scale, |mean| (1 for zeros), so
+    that its values stay of order 1, and named in one warning line."""
     observed = torch.isfinite(train)
     count = observed.sum(1, keepdim=True)
-    for s in range(len(names)):
-        if count[s] < 2:
-            raise DataError(f"{where}: series {names[s]!r} has {int(count[s])} observed "
-                            f"value(s) in its training part; at least 2 are needed")
     filled = torch.where(observed, train, 0.0)
     mean = filled.sum(1, keepdim=True) / count
     var = (torch.where(observed, train - mean, 0.0) ** 2).sum(1, keepdim=True) / count
-    for s in range(len(names)):
-        if not var[s] > 0:
-            raise DataError(f"{where}: series {names[s]!r} is constant over its training part "
-                            f"(every value {mean[s].item():g}): it has nothing to learn and "
-                            f"cannot be standardised")
-    return Normalisation(mean, var.sqrt())
+    constant = [s for s in range(len(names)) if not var[s] > 0]
+    if constant:
+        log.warning("%s: %d series constant over their training part, kept with the scale "
+                    "|mean| (1 where 0): %s", where, len(constant),
+                    ", ".join(f"{names[s]!r} ({mean[s].item():g})" for s in constant))
+    safe = torch.where(mean.abs() > 0, mean.abs(), 1.0)
+    return Normalisation(mean, torch.where(var > 0, var.sqrt(), safe))
+
+
+def _drop_empty(where: str, names: list[str], values: np.ndarray, train_end: int
+                ) -> tuple[list[str], np.ndarray]:
+    """The series with at least 2 observed training values; the others cannot be scaled or
+    forecast, and are left out with one warning line (an error if none is left)."""
+    count = np.isfinite(values[:, :train_end]).sum(1)
+    keep = count >= 2
+    if keep.all():
+        return names, values
+    if not keep.any():
+        raise DataError(f"{where}: no series has 2 observed values in its training part "
+                        f"({train_end} time steps); nothing to learn from")
+    log.warning("%s: %d series left out, fewer than 2 observed values in their training part: "
+                "%s", where, int((~keep).sum()),
+                ", ".join(f"{names[s]!r} ({int(count[s])})" for s in np.flatnonzero(~keep)))
+    return [n for n, k in zip(names, keep) if k], values[keep]
 
 
 def forward_fill(values: torch.Tensor) -> torch.Tensor:
