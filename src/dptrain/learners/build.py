@@ -36,7 +36,7 @@ from dptrain.learners.torch_learner import TorchLearner
 from dptrain.learners.user_model import is_model_file, load_user_model
 from dptrain.tagi import manual_seed
 
-HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp",)
+HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp", "tagi-lstm")
 """Built-in TAGI models with a (mean, noise) output pair per target; model files may have it."""
 
 
@@ -67,7 +67,7 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
     if (config.heteroscedastic and config.model in TAGI_MODELS
             and config.model not in HETEROSCEDASTIC_TAGI_MODELS):
         raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
-                          f"tagi-mlp or your own model file have it, {config.model} does not")
+                          f"tagi-mlp, tagi-lstm or your own model file have it, {config.model} does not")
     num_targets = None if classification else split.output_dim
     if is_model_file(config.model):
         built = load_user_model(config.model, split.input_shape, task=split.task,

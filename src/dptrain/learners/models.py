@@ -66,7 +66,8 @@ class ModelOptions:
     dtype: torch.dtype = torch.float32
     """TAGI: float32 or float64."""
     heteroscedastic: bool = False
-    """TAGI regression (tagi-mlp): 2 outputs per target, (mean, noise) pairs through EvenExp."""
+    """TAGI regression (tagi-mlp, tagi-lstm): 2 outputs per target, (mean, noise) pairs through
+    EvenExp."""
     series_embedding: int = 0
     """tagi-lstm: width of an Embedding of the series id, which then follows each window's
     values in the input (0: no id)."""
@@ -152,11 +153,18 @@ def tagi_lstm(input_shape: tuple[int, ...], num_outputs: int, options: ModelOpti
     if options.series_embedding:
         return _tagi_lstm_with_embedding(input_shape, num_outputs, options)
     seq_len, features = input_shape[0], (input_shape[1] if len(input_shape) == 2 else 1)
-    gw, gb = _gains(options)
     return Sequential(*_lstm_pair(features, seq_len, options),
-                      Linear(options.hidden * seq_len, num_outputs, gain_weight=gw,
-                             gain_bias=gb),
+                      *_head(options.hidden * seq_len, num_outputs, options),
                       dtype=options.dtype)
+
+
+def _head(width: int, num_outputs: int, options: ModelOptions) -> list:
+    """The Linear head; heteroscedastic: a (mean, noise) pair per output through EvenExp,
+    the noise variance learned per input by AGVI (docs/tagi.md)."""
+    gw, gb = _gains(options)
+    if options.heteroscedastic:
+        return [Linear(width, 2 * num_outputs, gain_weight=gw, gain_bias=gb), EvenExp()]
+    return [Linear(width, num_outputs, gain_weight=gw, gain_bias=gb)]
 
 
 def _lstm_pair(features: int, seq_len: int, options: ModelOptions) -> list[LSTM]:
@@ -178,8 +186,7 @@ def _tagi_lstm_with_embedding(input_shape: tuple[int, ...], num_outputs: int,
     ids = Embedding(options.num_series, width)
     return Sequential(Parallel(LayerBlock(*_lstm_pair(1, seq_len, options)), ids,
                                input_sizes=(seq_len, 1)),
-                      Linear(options.hidden * seq_len + width, num_outputs, gain_weight=gw,
-                             gain_bias=gb),
+                      *_head(options.hidden * seq_len + width, num_outputs, options),
                       dtype=options.dtype)
 
 
