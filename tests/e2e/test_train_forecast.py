@@ -1,6 +1,6 @@
 """`dptrain train` on a time-series CSV end to end: a global model with an embedding of the
-series id on two processes, a rank killed mid-epoch and the job resumed to the same parameters
-and the same forecast, forecast.png and the forecast metrics in summary.json, and `dptrain
+series id and calendar covariates on two processes, a rank killed mid-epoch and the job resumed
+to the same parameters and the same rolling-origin forecast, forecast.png and the forecast metrics in summary.json, and `dptrain
 predict` writing the forecast with its variances (issue 20; docs/design.md, contract 3)."""
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
     # embedded in 3 dimensions
     common = ["train", "--model", "tagi-lstm", "--dataset", f"series:{data}", "--lookback",
               "12", "--horizon", "2", "--epochs", "2", "--checkpoint-every", "10",
-              "--series-embedding", "3", "--no-progress"]
+              "--series-embedding", "3", "--time-features", "weekday,month",
+              "--forecast-every", "8", "--no-progress"]
     clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
     assert clean.returncode == 0, clean.output
     killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "1:25",
@@ -63,6 +64,7 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
         [f"forecast_{m}" for m in metrics] + [f"forecast_{m}_naive" for m in metrics]
         + ["forecast_every", "forecast_season", "forecast_naive_season"])
     assert done["forecast_season"] == 7  # daily dates: a week (and a year, too long here)
+    assert done["forecast_every"] == 8
     assert "(seasonal naive " in clean.stdout
     assert all(done[k] == again[k] and math.isfinite(done[k]) for k in forecast_keys)
     assert (tmp_path / "killed" / "epochs.csv").read_text() == \
@@ -72,7 +74,9 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
     assert (tmp_path / "clean" / "forecast.png").stat().st_size > 5000
     trained = dptrain.load_run(tmp_path / "clean").model.state_dict()
     assert trained["0.1.0.mu_w"].shape == (len(SERIES), 3)  # one row per series id
-    assert trained["1.mu_w"].shape == (2, 8 * 12 + 3)  # the head reads LSTMs and embedding
+    # the head reads the LSTMs (12 steps of a value and 9 calendar covariates) and the
+    # embedding, and gives a (mean, noise) pair for each of the 2 targets (heteroscedastic)
+    assert trained["1.mu_w"].shape == (4, 8 * 12 + 3)
 
     out = tmp_path / "forecast.csv"
     predicted = run(dptrain_cmd("predict", str(tmp_path / "clean"), "--checkpoint", "last",
@@ -85,6 +89,10 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
     assert [r["series"] for r in rows[::test_steps]] == list(SERIES)
     assert rows[0]["time"] == str(np.datetime64("2024-01-01") + 128)
     assert all(float(r["var"]) > 0 for r in rows)
+    # rolling origins every 8 days, from the test part's first
+    assert [r["origin"] for r in rows[:test_steps:8]] == [rows[k]["time"]
+                                                        for k in range(0, test_steps, 8)]
+    assert rows[9]["origin"] == rows[8]["time"]
     # the same forecast the run reported: its RMSE, from the file
     errors = [(float(r["mean"]) - float(r["observed"])) ** 2 for r in rows]
     assert math.sqrt(sum(errors) / len(errors)) == pytest.approx(done["forecast_rmse"],

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dptrain.data.datasets import ArrayDataset, Split, load_dataset
+from dptrain.data.datasets.covariates import parse_feature_list, time_features, with_covariates
 from dptrain.data.datasets.registry import SERIES_DATASETS
 from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.datasets.images import ImageDataset
@@ -59,6 +60,13 @@ class DataConfig:
     """Time series: rolling-origin evaluation: forecast K steps from an origin, reveal them,
     move the origin K steps on, until the test part is covered (0: one recursive forecast of
     the whole test part)."""
+    time_features: str = ""
+    """Time series: calendar features of the time column as known covariates, comma-separated
+    from minute, hour, weekday, month, dayofyear, or auto (those the time spacing gives: hour
+    and weekday for values spaced below a day); empty: none."""
+    covariates: str = ""
+    """Time series in a wide CSV: its columns (comma-separated) that are known covariates, fed
+    with the values at every input step and over the horizon, never predicted."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
@@ -86,7 +94,8 @@ class DataConfig:
         """lookback and horizon: every one for a time series, those changed for other data
         (which are refused)."""
         options = {"lookback": self.lookback, "horizon": self.horizon, "season": self.season,
-                   "forecast_every": self.forecast_every}
+                   "forecast_every": self.forecast_every, "time_features": self.time_features,
+                   "covariates": self.covariates}
         if self.dataset.partition(":")[0] in SERIES_DATASETS:
             return options
         defaults = DataConfig()
@@ -105,8 +114,17 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
         raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
                           f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
     protocol = {k: series.pop(k) for k in ("season", "forecast_every") if k in series}
+    calendar = series.pop("time_features", "")
+    if not series.get("covariates"):
+        series.pop("covariates", None)
+    elif kind != "series":
+        raise ConfigError(f"--covariates: columns of a series:PATH.csv file; {config.dataset} "
+                          f"has none")
     split = load_dataset(config.dataset, **options, **series)
     if split.series is not None:
+        names = parse_feature_list(calendar, split.series.times, split.name) if calendar \
+            else []
+        split = with_covariates(split, *time_features(split.series.times, names))
         split = with_protocol(split, **protocol)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split

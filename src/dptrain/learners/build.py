@@ -92,8 +92,11 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
 
 
 def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
-    """The builder's options, with the number of series of an embedded series id."""
+    """The builder's options, with the values per time step of a series with covariates and
+    the number of series of an embedded series id."""
     options = config.builder_options()
+    if split.series is not None:
+        options = dataclasses.replace(options, num_features=split.series.num_features)
     if not config.series_embedding:
         return options
     if split.series is None or not split.series.with_ids:

@@ -85,13 +85,13 @@ def _recursive(predict: PredictMoments, series: SeriesData, starts: list[int], s
     context_var = torch.zeros_like(context)
     num_series = filled.shape[0]
     ids = torch.arange(num_series, dtype=context.dtype).repeat(len(starts))[:, None]
+    origin = torch.tensor(starts).repeat_interleave(num_series)  # (R·S,)
     means, variances = [], []
-    for _ in range(math.ceil(steps / horizon)):
+    for r in range(math.ceil(steps / horizon)):
+        mu_x, var_x = _with_known(series, context, context_var, origin + r * horizon)
         if series.with_ids:  # known exactly: variance 0, and never fed back
-            mean, var = predict(torch.cat([context, ids], 1),
-                                torch.cat([context_var, torch.zeros_like(ids)], 1))
-        else:
-            mean, var = predict(context, context_var)
+            mu_x, var_x = torch.cat([mu_x, ids], 1), torch.cat([var_x, torch.zeros_like(ids)], 1)
+        mean, var = predict(mu_x, var_x)
         mean, var = mean.float().cpu(), var.float().cpu()
         means.append(mean)
         variances.append(var)
@@ -100,6 +100,23 @@ def _recursive(predict: PredictMoments, series: SeriesData, starts: list[int], s
     shape = (len(starts), num_series, -1)
     return (torch.cat(means, 1)[:, :steps].reshape(shape),
             torch.cat(variances, 1)[:, :steps].reshape(shape))
+
+
+def _with_known(series: SeriesData, context: torch.Tensor, context_var: torch.Tensor,
+                ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs (B, L) whose windows end before time steps `ends` (B,), with each step's known
+    covariates of the time `horizon` steps on (as `WindowDataset` pairs them), variance 0:
+    the data's own values over the whole horizon, never predictions."""
+    if series.covariates is None:
+        return context, context_var
+    lookback, horizon = context.shape[1], series.horizon
+    rows = ends[:, None] - lookback + horizon + torch.arange(lookback)  # (B, L)
+    # steps past the data's end (a last call's rest of H, an origin's beyond the next one's
+    # in the batched rolling forecast) are cut from the forecast: any covariate will do there
+    cov = series.covariates[rows.clamp_max(len(series.covariates) - 1)]  # (B, L, C)
+    mu_x = torch.cat([context[..., None], cov], -1).flatten(1)
+    var_x = torch.cat([context_var[..., None], torch.zeros_like(cov)], -1).flatten(1)
+    return mu_x, var_x
 
 
 def _assemble(series: SeriesData, plan: list[tuple[int, int]], mean: torch.Tensor,

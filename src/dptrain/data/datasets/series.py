@@ -35,6 +35,7 @@ import torch
 
 from dptrain.data.datasets._files import read_bytes
 from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
+from dptrain.data.datasets.covariates import with_covariates
 from dptrain.data.datasets.spacing import season_candidates
 from dptrain.errors import ConfigError, DataError
 
@@ -67,6 +68,15 @@ class SeriesData:
     forecast_every: int = 0
     """Rolling-origin evaluation: forecast this many steps from an origin, then reveal them and
     move the origin on (0: one recursive forecast of the whole test part)."""
+    covariates: torch.Tensor | None = None
+    """(T, C) known covariates of every time step, standardised, shared by the series
+    (`dptrain.data.datasets.covariates`); None: none."""
+    covariate_names: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_features(self) -> int:
+        """Values per input time step: the series' value, then its C covariates."""
+        return 1 + (0 if self.covariates is None else self.covariates.shape[1])
 
     @property
     def normalised(self) -> torch.Tensor:
@@ -95,22 +105,34 @@ class WindowDataset(ArrayDataset):
     `x` (N, lookback) and `y` (N, horizon), every window at once, are computed on demand for
     code that wants them; `series` and `start` ((N,) int64 each) tell the windows apart. With
     `with_ids` a window's input ends with its series id as a float: x is (N, lookback + 1).
+    With `covariates` (T, C) each input step is the value then the C covariates of the time
+    `horizon` steps later, flattened step by step: x is (N, lookback · (1 + C)) (+ 1 with ids).
     """
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, series: torch.Tensor,
-                 start: torch.Tensor, lookback: int, horizon: int, with_ids: bool = False
-                 ) -> None:
+                 start: torch.Tensor, lookback: int, horizon: int, with_ids: bool = False,
+                 covariates: torch.Tensor | None = None) -> None:
         # no ArrayDataset.__init__: there is no x or y to store
         self.inputs, self.targets = inputs, targets  # (S, T) float32 each
         self.series, self.start = series, start
         self.x_offsets = torch.arange(-lookback, 0)
         self.y_offsets = torch.arange(horizon)
         self.with_ids = with_ids
+        self.covariates = covariates  # (T, C) float32 or None
+
+    def _copy(self, **changes) -> WindowDataset:
+        kept = {"with_ids": self.with_ids, "covariates": self.covariates, **changes}
+        return WindowDataset(self.inputs, self.targets, self.series, self.start,
+                             len(self.x_offsets), len(self.y_offsets), **kept)
 
     def with_series_ids(self) -> WindowDataset:
         """The same windows, each input followed by its series id."""
-        return WindowDataset(self.inputs, self.targets, self.series, self.start,
-                             len(self.x_offsets), len(self.y_offsets), with_ids=True)
+        return self._copy(with_ids=True)
+
+    def with_covariates(self, covariates: torch.Tensor) -> WindowDataset:
+        """The same windows, each input step with the (T, C) `covariates` of its time plus
+        the horizon."""
+        return self._copy(covariates=covariates)
 
     @property
     def x(self) -> torch.Tensor:  # type: ignore[override]
@@ -122,7 +144,8 @@ class WindowDataset(ArrayDataset):
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        return (len(self.x_offsets) + self.with_ids,)
+        features = 1 if self.covariates is None else 1 + self.covariates.shape[1]
+        return (len(self.x_offsets) * features + self.with_ids,)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -131,12 +154,17 @@ class WindowDataset(ArrayDataset):
         series, start = self.series[idx], self.start[idx]  # () or (B,)
         rows = series[..., None]
         x = self.inputs[rows, start[..., None] + self.x_offsets]
+        if self.covariates is not None:  # (..., L, C) of the times H steps on
+            known = self.covariates[start[..., None] + self.x_offsets + len(self.y_offsets)]
+            x = torch.cat([x[..., None], known], -1).flatten(-2)
         if self.with_ids:
             x = torch.cat([x, rows.to(x.dtype)], -1)
         return x, self.targets[rows, start[..., None] + self.y_offsets]
 
     def __repr__(self) -> str:
         ids = " and series ids" if self.with_ids else ""
+        if self.covariates is not None:
+            ids = f" with {self.covariates.shape[1]} covariates{ids}"
         return (f"WindowDataset({len(self)} windows of {len(self.x_offsets)}{ids} -> "
                 f"{len(self.y_offsets)} from {self.inputs.shape[0]} series)")
 
@@ -165,8 +193,11 @@ def with_series_ids(split: Split) -> Split:
 
 
 def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
-                train_fraction: float = 0.7, val_fraction: float = 0.1) -> Split:
-    """Windows of the series in a CSV file (layouts in the module docstring).
+                train_fraction: float = 0.7, val_fraction: float = 0.1,
+                covariates: str = "") -> Split:
+    """Windows of the series in a CSV file (layouts in the module docstring); the columns
+    named in `covariates` (comma-separated, a wide file's) are known covariates, not series
+    (`dptrain.data.datasets.covariates`).
 
     Raises:
         DataError: unreadable file, a cell that is not a number, times out of order, no series
@@ -175,9 +206,19 @@ def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
         ConfigError: lookback, horizon or fractions out of range.
     """
     names, times, values = read_series_csv(path)
-    return series_split(Path(path).stem, names, times, values, lookback=lookback,
-                        horizon=horizon, train_fraction=train_fraction,
-                        val_fraction=val_fraction, dataset=str(path))
+    known = [c.strip() for c in covariates.split(",") if c.strip()]
+    for column in known:
+        if column not in names:
+            raise DataError(f"{path}: covariate column {column!r} is not in the file; its "
+                            f"columns: {', '.join(names)}")
+    if known and len(known) == len(names):
+        raise DataError(f"{path}: every column is a covariate; no series is left to forecast")
+    keep = [j for j, n in enumerate(names) if n not in known]
+    split = series_split(Path(path).stem, [names[j] for j in keep], times, values[keep],
+                         lookback=lookback, horizon=horizon, train_fraction=train_fraction,
+                         val_fraction=val_fraction, dataset=str(path))
+    index = [names.index(c) for c in known]
+    return with_covariates(split, values[index].T, known)
 
 
 def series_split(name: str, names: list[str], times: list[str], values: np.ndarray, *,
@@ -347,7 +388,8 @@ def _read_long(path: str, header: list[str], rows: list, id_col: int
                ) -> tuple[list[str], list[str], np.ndarray]:
     if len(header) != 3:
         raise DataError(f"{path}: a long-format series CSV has exactly three columns (time, "
-                        f"{header[id_col]}, value), got {header}")
+                        f"{header[id_col]}, value), got {header} (known covariates are "
+                        f"columns of a wide file)")
     time_col, value_col = (j for j in range(3) if j != id_col)
     names = list(dict.fromkeys(row[id_col] for _, row in rows))
     index = {name: s for s, name in enumerate(names)}
