@@ -1,7 +1,9 @@
 """`dptrain train` on a time-series CSV end to end: a global model with an embedding of the
-series id and calendar covariates on two processes, a rank killed mid-epoch and the job resumed
-to the same parameters and the same rolling-origin forecast, forecast.png and the forecast metrics in summary.json, and `dptrain
-predict` writing the forecast with its variances (issue 20; docs/design.md, contract 3)."""
+series id and calendar covariates on two processes (one of the series a dead meter, named once
+and kept), a rank killed mid-epoch and the job resumed to the same parameters and the same
+rolling-origin forecast, forecast.png and the forecast and seasonal naive metrics in
+summary.json, and `dptrain predict` writing the forecast with its variances and origins
+(issues 20 and 28; docs/design.md, contract 3)."""
 
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from tests._cli import dptrain_cmd, run
 
 pytestmark = pytest.mark.e2e
 
-SERIES, STEPS = ("north", "south", "east"), 160
+SERIES, STEPS = ("north", "south", "east", "dead"), 160
 
 
 def _long_csv(path: Path) -> Path:
-    """Three daily series in long format (date, series, value), one value missing."""
+    """Four daily series in long format (date, series, value), one value missing, the last
+    a dead meter (zeros throughout)."""
     rng = np.random.default_rng(0)
     days = np.datetime64("2024-01-01") + np.arange(STEPS)
     rows = ["date,series,value"]
@@ -30,6 +33,8 @@ def _long_csv(path: Path) -> Path:
         level, amplitude = 20.0 * (s + 1), 4.0 + s
         values = level + amplitude * np.sin(2 * np.pi * np.arange(STEPS) / 12 + s)
         values += rng.normal(0.0, 0.3, STEPS)
+        if name == "dead":
+            values = np.zeros(STEPS)
         rows += [f"{day},{name},{'' if (s, t) == (1, 40) else repr(float(v))}"
                  for t, (day, v) in enumerate(zip(days, values))]
     path.write_text("\n".join(rows) + "\n")
@@ -66,6 +71,9 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
     assert done["forecast_season"] == 7  # daily dates: a week (and a year, too long here)
     assert done["forecast_every"] == 8
     assert "(seasonal naive " in clean.stdout
+    # the dead meter is named once, and the run goes on with it
+    assert clean.output.count("constant over their training part") == 1, clean.output
+    assert "'dead' (0)" in clean.output
     assert all(done[k] == again[k] and math.isfinite(done[k]) for k in forecast_keys)
     assert (tmp_path / "killed" / "epochs.csv").read_text() == \
         (tmp_path / "clean" / "epochs.csv").read_text()

@@ -72,7 +72,12 @@ def load_job_split(options: TrainOptions) -> Split:
 def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
-    split = load_job_split(options)
+    series_log = logging.getLogger("dptrain.data.datasets.series")
+    was_disabled, series_log.disabled = series_log.disabled, True
+    try:  # a left-out or constant series is named once, by the workers' rank 0
+        split = load_job_split(options)
+    finally:
+        series_log.disabled = was_disabled
     create_model(options.part(ModelConfig), split, seed=options.seed, dataset=options.dataset)
     check_monitor(options, split)
 
