@@ -37,6 +37,7 @@ from dptrain.data.datasets._files import read_bytes
 from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
 from dptrain.data.datasets.covariates import with_covariates
 from dptrain.data.datasets.spacing import season_candidates
+from dptrain.dist.collectives import get_rank
 from dptrain.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ def _fit_per_series(where: str, names: list[str], train: torch.Tensor) -> Normal
     mean = filled.sum(1, keepdim=True) / count
     var = (torch.where(observed, train - mean, 0.0) ** 2).sum(1, keepdim=True) / count
     constant = [s for s in range(len(names)) if not var[s] > 0]
-    if constant:
+    if constant and get_rank() == 0:  # every rank reads the same file: one line is enough
         log.warning("%s: %d series constant over their training part, kept with the scale "
                     "|mean| (1 where 0): %s", where, len(constant),
                     ", ".join(f"{names[s]!r} ({mean[s].item():g})" for s in constant))
@@ -295,9 +296,11 @@ def _drop_empty(where: str, names: list[str], values: np.ndarray, train_end: int
     if not keep.any():
         raise DataError(f"{where}: no series has 2 observed values in its training part "
                         f"({train_end} time steps); nothing to learn from")
-    log.warning("%s: %d series left out, fewer than 2 observed values in their training part: "
-                "%s", where, int((~keep).sum()),
-                ", ".join(f"{names[s]!r} ({int(count[s])})" for s in np.flatnonzero(~keep)))
+    if get_rank() == 0:
+        log.warning("%s: %d series left out, fewer than 2 observed values in their training "
+                    "part: %s", where, int((~keep).sum()),
+                    ", ".join(f"{names[s]!r} ({int(count[s])})"
+                              for s in np.flatnonzero(~keep)))
     return [n for n, k in zip(names, keep) if k], values[keep]
 
 
