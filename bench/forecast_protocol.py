@@ -40,7 +40,7 @@ from dptrain.dist import Runtime  # noqa: E402
 from dptrain.dist.env import SINGLE  # noqa: E402
 from dptrain.learners.build import create_learner, model_defaults  # noqa: E402
 from dptrain.learners.config import LearnerConfig, ModelConfig  # noqa: E402
-from dptrain.learners.forecast import forecast_metrics, forecast_part, forecast_test  # noqa: E402
+from dptrain.learners.forecast import calibrated_test, forecast_metrics, forecast_part  # noqa: E402
 from dptrain.learners.forecast import naive_test  # noqa: E402
 
 SHOWN = ("nd", "p90_loss", "rmse", "mase", "mase_seasonal", "coverage_1sigma",
@@ -83,11 +83,12 @@ def run(split, every: int, epochs: int, seed: int) -> dict:
         if val["log_likelihood"] > best[0]:
             best = (val["log_likelihood"], epoch + 1, copy.deepcopy(learner.state_dict()))
     learner.load_state_dict(best[2])
-    model = forecast_metrics(forecast_test(learner.predict_moments, series), series)
+    forecast, scale = calibrated_test(learner.predict_moments, series)
+    model = forecast_metrics(forecast, series)
     naive, season = naive_test(series)
     return {"series": len(series.names), "time_steps": series.values.shape[1],
             "covariates": names, "forecast_every": every, "epochs": epochs,
-            "chosen_epoch": best[1], "naive_season": season,
+            "chosen_epoch": best[1], "naive_season": season, "variance_scale": scale,
             "train_seconds": round(time.perf_counter() - started, 1),
             "model": {k: model[k] for k in SHOWN},
             "seasonal_naive": {k: forecast_metrics(naive, series)[k] for k in SHOWN}}

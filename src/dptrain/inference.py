@@ -30,7 +30,7 @@ from dptrain.data.loader import fetch_batch
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.forecast import Forecast, forecast_test
+from dptrain.learners.forecast import Forecast, calibrated_test
 from dptrain.learners.user_model import is_model_file, model_file_sha256
 from dptrain.options import pick
 from dptrain.tagi import HRCSoftmax, split_heteros
@@ -143,8 +143,9 @@ class TrainedRun:
 
     @torch.no_grad()
     def forecast(self) -> Forecast:
-        """A TAGI time-series run: the recursive forecast of its test part (data units, the
-        observation noise in the variance), as the run reported it in summary.json."""
+        """A TAGI time-series run: the recursive forecast of its test part under the run's
+        protocol (data units, the observation noise in the variance, scaled as chosen on the
+        validation part), as the run reported it in summary.json."""
         series = self._split.series
         if series is None or self.kind != "tagi":
             raise ConfigError(f"{self.run_dir}: forecasts are for TAGI models trained on a "
@@ -160,7 +161,7 @@ class TrainedRun:
                 return pred.mean, pred.total_var
             return mu, var + self._sigma_v ** 2
 
-        return forecast_test(moments, series)
+        return calibrated_test(moments, series)[0]
 
     def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:

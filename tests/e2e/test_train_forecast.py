@@ -67,7 +67,8 @@ def test_a_forecasting_run_resumes_bit_exactly_and_predict_writes_its_forecast(t
                "coverage_3sigma", "nd", "p90_loss", "mase", "mase_seasonal"]
     assert sorted(forecast_keys) == sorted(
         [f"forecast_{m}" for m in metrics] + [f"forecast_{m}_naive" for m in metrics]
-        + ["forecast_every", "forecast_season", "forecast_naive_season"])
+        + ["forecast_every", "forecast_season", "forecast_naive_season",
+           "forecast_variance_scale"])
     assert done["forecast_season"] == 7  # daily dates: a week (and a year, too long here)
     assert done["forecast_every"] == 8
     assert "(seasonal naive " in clean.stdout

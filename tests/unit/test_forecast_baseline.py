@@ -18,6 +18,7 @@ from dptrain.data.datasets.series import series_split
 from dptrain.data.datasets.spacing import season_candidates, time_step
 from dptrain.errors import ConfigError, DataError
 from dptrain.learners.forecast import (
+    calibrated_test,
     forecast_report,
     forecast_test,
     naive_test,
@@ -124,6 +125,27 @@ def test_the_report_puts_the_naive_beside_every_metric_and_in_the_final_line(tmp
     line = headline({"test_rmse": 1.0, **report}, "regression")
     assert f"ND {report['forecast_nd']:.3f} (seasonal naive " \
            f"{report['forecast_nd_naive']:.3f})" in line
+
+
+def test_the_variance_scale_is_chosen_on_validation_never_on_test():
+    """A forecaster whose variance is 4 times too small is widened by the scale that the
+    validation part's forecast asks for; a scrambled test part does not move it."""
+    t = np.arange(24 * 30, dtype=np.float64)
+    noisy = 10 + np.sin(2 * np.pi * t / 24) + np.random.default_rng(0).normal(0, 0.5, len(t))
+    series = dataclasses.replace(_split(noisy[None], lookback=24).series, forecast_every=24)
+    std = series.norm.std.item()
+
+    def yesterday(mu_x, var_x):  # the value a day back; variance 1/4 of the truth
+        return mu_x[:, :1], var_x[:, :1] + 0.25 * (2 * 0.5 ** 2) / std ** 2
+
+    forecast, scale = calibrated_test(yesterday, series)
+    assert scale == pytest.approx(4.0, rel=0.35)
+    torch.testing.assert_close(forecast.var, forecast_test(yesterday, series).var * scale)
+    scrambled = series.values.clone()
+    scrambled[:, series.val_end:] += 100.0
+    _, again = calibrated_test(yesterday, dataclasses.replace(series, values=scrambled))
+    assert again == scale
+    assert "forecast_variance_scale" in forecast_report(yesterday, series, None)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -20,6 +20,7 @@ Definitions of the metrics: docs/forecasting.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,6 +148,29 @@ def forecast_test(predict: PredictMoments, series: SeriesData) -> Forecast:
     return forecast_part(predict, series, series.val_end, series.values.shape[1])
 
 
+def variance_scale(predict: PredictMoments, series: SeriesData) -> float:
+    """The scale c of the forecast's variance chosen on the validation part: its forecast
+    under the same protocol from the training part's end, and c = mean of (y − m)² / v over
+    its observed values, the c that maximises the log-likelihood of N(m, c·v) there. 1 when
+    the validation part has no observed value. The test part never enters it."""
+    if series.val_end <= series.train_end:
+        return 1.0
+    val = forecast_part(predict, series, series.train_end, series.val_end)
+    y, m, v = val.observed.double(), val.mean.double(), val.var.double()
+    seen = torch.isfinite(y)
+    if not seen.any():
+        return 1.0
+    return (((y - m) ** 2 / v)[seen]).mean().item()
+
+
+def calibrated_test(predict: PredictMoments, series: SeriesData) -> tuple[Forecast, float]:
+    """The test part's forecast with its variance scaled by `variance_scale`, and the scale:
+    what summary.json, forecast.png and `dptrain predict` report."""
+    scale = variance_scale(predict, series)
+    forecast = forecast_test(predict, series)
+    return dataclasses.replace(forecast, var=forecast.var * scale), scale
+
+
 # ------------------------------------------------------------------ the seasonal naive baseline
 def seasonal_naive(series: SeriesData, start: int, end: int, season: int) -> Forecast:
     """The seasonal naive forecast of [start, end) under the series' protocol: from origin o,
@@ -238,9 +262,10 @@ def forecast_report(predict: PredictMoments, series: SeriesData, out_dir: Path |
                     ) -> dict[str, float]:
     """The forecast's metrics as `forecast_*` entries of summary.json, the seasonal naive
     forecast's beside them as `forecast_*_naive`, with the protocol (`forecast_every`: steps
-    per origin) and the seasons (`forecast_season`: m of mase_seasonal;
-    `forecast_naive_season`: the naive forecast's); with `out_dir` (rank 0) also forecast.png."""
-    forecast = forecast_test(predict, series)
+    per origin), the seasons (`forecast_season`: m of mase_seasonal; `forecast_naive_season`:
+    the naive forecast's) and the variance scale chosen on validation
+    (`forecast_variance_scale`); with `out_dir` (rank 0) also forecast.png."""
+    forecast, scale = calibrated_test(predict, series)
     naive, season = naive_test(series)
     if out_dir is not None:
         plot_forecast(out_dir / "forecast.png", series, forecast, naive)
@@ -249,7 +274,8 @@ def forecast_report(predict: PredictMoments, series: SeriesData, out_dir: Path |
     report.update({f"forecast_{k}_naive": v
                    for k, v in forecast_metrics(naive, series).items()})
     report.update(forecast_every=series.forecast_every or forecast.mean.shape[1],
-                  forecast_season=series.seasons[0], forecast_naive_season=season)
+                  forecast_season=series.seasons[0], forecast_naive_season=season,
+                  forecast_variance_scale=scale)
     return report
 
 
