@@ -10,7 +10,9 @@ Times are labels: numbers (sorted as numbers) or anything else sorted as text, s
 
 Each series is split by time, never shuffled across the split: its first `train_fraction`
 of time steps train, the next `val_fraction` validate, the rest test. It is standardised
-with the mean and std of its own training part. A window holds `lookback` values as input and
+with the mean and std of its own training part (a series constant there is kept with a safe
+scale, one with fewer than 2 observed training values left out, each named in one warning
+line). A window holds `lookback` values as input and
 the `horizon` values that follow as targets; it belongs to the part its targets lie in (its
 inputs may reach back into the part before: they are observed past). Missing targets stay
 NaN (TAGI leaves them out of the update); missing inputs are filled with the last value
@@ -18,6 +20,8 @@ observed before them, or with the training mean (0 once standardised) before the
 
 `with_series_ids(split)` appends each window's series id (0, 1, ... in the order of
 `SeriesData.names`) to its inputs as a last column, for a global model that embeds it.
+Columns of a wide file named in `covariates` are known covariates, paired with the values at
+every input step (`dptrain.data.datasets.covariates`).
 """
 
 from __future__ import annotations
