@@ -206,5 +206,6 @@ def headline(summary: dict[str, Any], task: str) -> str:
         versus = "" if naive is None else f" (seasonal naive {naive:.3f})"
         shown += (f"; forecast of the test part: rmse {summary['forecast_rmse']:.4g}, ND "
                   f"{summary['forecast_nd']:.3f}{versus}, MASE {summary['forecast_mase']:.3f}, "
-                  f"2σ coverage {pct('forecast_coverage_2sigma')}")
+                  f"interval coverage 1σ {pct('forecast_coverage_1sigma')} / 2σ "
+                  f"{pct('forecast_coverage_2sigma')} / 3σ {pct('forecast_coverage_3sigma')}")
     return shown
