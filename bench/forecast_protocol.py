@@ -1,6 +1,6 @@
 """The TAGI-LSTM paper's forecasting protocol, run by dptrain, beside the seasonal naive forecast.
 
-    .venv/bin/python bench/forecast_protocol.py               # writes bench/results/forecast_protocol.json
+    .venv/bin/python bench/forecast_protocol.py        # writes bench/results/forecast_protocol.json
     .venv/bin/python bench/forecast_protocol.py --epochs 3 --no-write     # a quick look
 
 Protocol (Vuong, Nguyen & Goulet, IJF 2025): calendar covariates (hour of the day, day of the

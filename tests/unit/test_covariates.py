@@ -6,7 +6,6 @@ given, and the calibrated tagi-lstm that beats the seasonal naive forecast on th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from datetime import timedelta
 

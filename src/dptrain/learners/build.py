@@ -67,7 +67,8 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
     if (config.heteroscedastic and config.model in TAGI_MODELS
             and config.model not in HETEROSCEDASTIC_TAGI_MODELS):
         raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
-                          f"tagi-mlp, tagi-lstm or your own model file have it, {config.model} does not")
+                          f"tagi-mlp, tagi-lstm or your own model file have it, "
+                          f"{config.model} does not")
     num_targets = None if classification else split.output_dim
     if is_model_file(config.model):
         built = load_user_model(config.model, split.input_shape, task=split.task,
