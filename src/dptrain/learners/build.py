@@ -45,7 +45,7 @@ from dptrain.learners.torch_learner import TorchLearner
 from dptrain.learners.user_model import is_model_file, load_user_model
 from dptrain.tagi import manual_seed
 
-HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp",)
+HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp", "tagi-lstm")
 """Built-in TAGI models with a (mean, noise) output pair per target; model files may have it."""
 
 
@@ -76,7 +76,8 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
     if (config.heteroscedastic and config.model in TAGI_MODELS
             and config.model not in HETEROSCEDASTIC_TAGI_MODELS):
         raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
-                          f"tagi-mlp or your own model file have it, {config.model} does not")
+                          f"tagi-mlp, tagi-lstm or your own model file have it, "
+                          f"{config.model} does not")
     num_targets = None if classification else split.output_dim
     if is_model_file(config.model):
         built = load_user_model(config.model, split.input_shape, task=split.task,
@@ -101,8 +102,11 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
 
 
 def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
-    """The builder's options, with the number of series of an embedded series id."""
+    """The builder's options, with the values per time step of a series with covariates and
+    the number of series of an embedded series id."""
     options = config.builder_options()
+    if split.series is not None:
+        options = dataclasses.replace(options, num_features=split.series.num_features)
     if not config.series_embedding:
         return options
     if split.series is None or not split.series.with_ids:

@@ -93,7 +93,12 @@ def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
     options = resumed_options(options)
-    split = load_job_split(options)
+    series_log = logging.getLogger("dptrain.data.datasets.series")
+    was_disabled, series_log.disabled = series_log.disabled, True
+    try:  # a left-out or constant series is named once, by the workers' rank 0
+        split = load_job_split(options)
+    finally:
+        series_log.disabled = was_disabled
     model, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
                                dataset=options.dataset)
     if kind == "tagi":
@@ -319,7 +324,10 @@ def headline(summary: dict[str, Any], task: str) -> str:
         shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
                   f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
     if summary.get("forecast_rmse") is not None:  # a time series (docs/forecasting.md)
+        naive = summary.get("forecast_nd_naive")
+        versus = "" if naive is None else f" (seasonal naive {naive:.3f})"
         shown += (f"; forecast of the test part: rmse {summary['forecast_rmse']:.4g}, ND "
-                  f"{summary['forecast_nd']:.3f}, MASE {summary['forecast_mase']:.3f}, 2σ "
-                  f"coverage {pct('forecast_coverage_2sigma')}")
+                  f"{summary['forecast_nd']:.3f}{versus}, MASE {summary['forecast_mase']:.3f}, "
+                  f"interval coverage 1σ {pct('forecast_coverage_1sigma')} / 2σ "
+                  f"{pct('forecast_coverage_2sigma')} / 3σ {pct('forecast_coverage_3sigma')}")
     return shown
