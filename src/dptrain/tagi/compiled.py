@@ -44,17 +44,18 @@ class CompiledStep:
     all-reduce stays outside the program: gloo and NCCL calls are not traceable); it returns
     the batch size the cap uses. `eager`: the object whose pytagi loop is the fallback (the
     wrapper itself, for data parallel). `backend`: torch.compile's (tests use "aot_eager",
-    which traces the same graph without generating code).
+    which traces the same graph without generating code). `mode`: torch.compile's, e.g.
+    "reduce-overhead" to replay the program as a CUDA graph on a GPU.
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
 
     def __init__(self, net: Any, update: str = "plain", *, backend: str = "inductor",
-                 reduce: Callable[[int], int] | None = None, eager: Any = None) -> None:
+                 mode: str | None = None, reduce: Callable[[int], int] | None = None, eager: Any = None) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
-        self.net, self.update, self.backend = net, update, backend
+        self.net, self.update, self.backend, self.mode = net, update, backend, mode
         self._reduce, self._eager = reduce, eager if eager is not None else net
         self.updater = OutputUpdater(net.device)
         self._program: Callable | None = None
@@ -140,7 +141,8 @@ class CompiledStep:
             own = types.FunctionType(traced.__code__.replace(), traced.__globals__,
                                      traced.__name__)
             self._program = torch.compile(types.MethodType(own, self), fullgraph=True,
-                                          dynamic=False, backend=self.backend)
+                                          dynamic=False, backend=self.backend,
+                                          mode=self.mode)
             self._shapes = shapes
         return self._program
 

@@ -340,13 +340,14 @@ class Sequential(Layer):
         with torch.no_grad():
             pack.step(cap_factor(batch))
 
-    def compile(self, update: str = "plain", backend: str = "inductor") -> CompiledStep:
+    def compile(self, update: str = "plain", backend: str = "inductor",
+                mode: str | None = None) -> CompiledStep:
         """The training step as one compiled call: `step = net.compile()`, then per batch
         `mu, var = step(x, y, var_y)` does forward, update ("plain", "indices" with
         `selected_idx=`, or "heteros"), backward and step, with the same parameters as the
         eager loop (docs/tagi.md, Compiled step). Falls back to eager, with one log line, for
-        a network it cannot capture."""
-        return CompiledStep(self, update, backend=backend)
+        a network it cannot capture. `mode="reduce-overhead"` replays it as a CUDA graph."""
+        return CompiledStep(self, update, backend=backend, mode=mode)
 
     # ------------------------------------------------------------------ modes, devices, state
     def to(self, *args: torch.device | str | torch.dtype, device: torch.device | str | None = None,
