@@ -51,7 +51,7 @@ class CompiledStep:
     """
 
     def __init__(self, net: Any, update: str = "plain", *, backend: str = "inductor",
-                 mode: str | None = None, reduce: Callable[[int], int] | None = None, eager: Any = None) -> None:
+                 mode: str | None = None, reduce: Callable[[], int] | None = None, eager: Any = None) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
@@ -79,7 +79,8 @@ class CompiledStep:
             raise ValueError(f"compiled step with update={self.update!r}: selected_idx is "
                              f"{'required' if self.update == 'indices' else 'not used'}")
         mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs,
-                           net.input_sample_shape(), allow_empty=net.allow_empty_batch)
+                           net.input_sample_shape(),
+                           allow_empty=net.allow_empty_batch or self._reduce is not None)
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
             return self._eager_step(mu_x, y, var_y, selected_idx)
@@ -94,14 +95,14 @@ class CompiledStep:
                 raise
             self._give_up(err)
             return self._eager_step(mu_x, y, var_y, selected_idx)
+        self.compiled_steps += 1
+        self._record(mu_x.shape[0], mu, var)
         if self._reduce is not None:
-            net.cap_batch_size = self._reduce(mu_x.shape[0])
+            saved, net.cap_batch_size = net.cap_batch_size, self._reduce()
             try:
                 net.step()
             finally:
-                net.cap_batch_size = None
-        self.compiled_steps += 1
-        self._record(mu_x.shape[0], mu, var)
+                net.cap_batch_size = saved
         return mu, var
 
     step = __call__
