@@ -109,6 +109,9 @@ class LearnerConfig:
     stop_on_collapse: bool = field(default=False, metadata=resumable())
     """TAGI: stop with exit status 7 once an evaluation finds the run collapsed (predictions
     that no longer depend on the input) instead of warning and training on."""
+    compile: bool = field(default=False, metadata=resumable())
+    """TAGI: run each training step as one compiled program (the same parameters as eager;
+    docs/tagi.md, Compiled step); what cannot be captured steps eagerly, saying why."""
     lr: float = 3e-3
     """Learning rate of the torch models' optimiser (Adam)."""
     strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata=cli(choices=True))
