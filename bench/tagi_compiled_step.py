@@ -30,6 +30,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 import torch  # noqa: E402
 
 from dptrain import tagi  # noqa: E402
+from dptrain.tagi.compiled import CompiledStep  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import command_line  # noqa: E402
@@ -81,13 +82,13 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(name: str, repeats: int, steps: int) -> dict:
+def measure(name: str, repeats: int, steps: int, options: dict | None = None) -> dict:
     build, update, batch, width, out = cases()[name]
     tagi.manual_seed(0)
     eager = build().compile(update, backend="eager")  # dynamo's "eager" is never used:
     eager._give_up("the eager reference")  # this CompiledStep runs the plain pytagi loop
     tagi.manual_seed(0)
-    compiled = build().compile(update)
+    compiled = CompiledStep(build(), update, options=options)
     data = batches(update, batch, width, out)
     run(eager, data, 0, 1), run(compiled, data, 0, 1)  # both: the first step is eager
     eager_s = run(eager, data, 1, 1)
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="2 repeats of 20 steps; writes nothing")
     p.add_argument("--case", action="append", choices=list(cases()),
                    help="run only this case (repeatable; default all)")
+    p.add_argument("--cpp-wrapper", action="store_true",
+                   help="inductor's cpp_wrapper: the program's wrapper as C++, not Python")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.case or list(cases()):
-        rows.append(measure(name, args.repeats, args.steps))
+        rows.append(measure(name, args.repeats, args.steps,
+                            {"cpp_wrapper": True} if args.cpp_wrapper else None))
         r = rows[-1]
         even = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}"
         print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']} compiled "
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.quick:
         write_json(args.output, {"command": command_line(), "rows": rows, "repeats": args.repeats,
                                  "steps": args.steps, "threads": args.threads,
+                                 "cpp_wrapper": args.cpp_wrapper,
                                  "hardware": hardware(), "git": git_describe(),
                                  "torch": torch.__version__})
 

@@ -45,17 +45,19 @@ class CompiledStep:
     the batch size the cap uses. `eager`: the object whose pytagi loop is the fallback (the
     wrapper itself, for data parallel). `backend`: torch.compile's (tests use "aot_eager",
     which traces the same graph without generating code). `mode`: torch.compile's, e.g.
-    "reduce-overhead" to replay the program as a CUDA graph on a GPU.
+    "reduce-overhead" to replay the program as a CUDA graph on a GPU. `options`: inductor's
+    (e.g. {"cpp_wrapper": True}: the program's wrapper generated as C++ instead of Python).
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
 
     def __init__(self, net: Any, update: str = "plain", *, backend: str = "inductor",
-                 mode: str | None = None, reduce: Callable[[], int] | None = None, eager: Any = None) -> None:
+                 mode: str | None = None, options: dict[str, Any] | None = None, reduce: Callable[[], int] | None = None, eager: Any = None) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
         self.net, self.update, self.backend, self.mode = net, update, backend, mode
+        self.options = options
         self._reduce, self._eager = reduce, eager if eager is not None else net
         self.updater = OutputUpdater(net.device)
         self._program: Callable | None = None
@@ -143,7 +145,7 @@ class CompiledStep:
                                      traced.__name__)
             self._program = torch.compile(types.MethodType(own, self), fullgraph=True,
                                           dynamic=False, backend=self.backend,
-                                          mode=self.mode)
+                                          mode=self.mode, options=self.options)
             self._shapes = shapes
         return self._program
 
