@@ -44,7 +44,7 @@ def _eager_step(net, x, y, var_y, update, idx=None):
 
 def _run(build, x_shape, out, *, update="plain", backend="aot_eager", dtype=F64, steps=4,
          x_maker=None):
-    """Steps both networks on the same batches; σ_v changes at every step. Returns (eager,
+    """Steps both networks on the same batches; σ_v² changes at every step. Returns (eager,
     compiled network, the CompiledStep)."""
     eager, net = _pair(build, dtype)
     step = net.compile(update, backend=backend)
@@ -52,7 +52,9 @@ def _run(build, x_shape, out, *, update="plain", backend="aot_eager", dtype=F64,
     for k in range(steps):
         x = x_maker(g) if x_maker else torch.randn(*x_shape, generator=g, dtype=dtype)
         batch = x.shape[0]
-        var_y, idx = 0.1 + 0.05 * k, None
+        # σ_v² = 1 when the program is traced (step 1): it must stay an input, not the 1.0
+        # the layers use inside
+        var_y, idx = (0.1, 1.0, 0.3, 0.05, 0.2)[k % 5], None
         if update == "indices":
             idx = torch.randint(1, out + 1, (batch, 2), generator=g)
             y = torch.randn(batch, 2, generator=g, dtype=dtype)

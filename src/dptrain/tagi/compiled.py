@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from dptrain.tagi._inputs import as_input
-from dptrain.tagi.base import VAR_FLOOR, _signed_inverse, cap_factor, constant
+from dptrain.tagi.base import VAR_FLOOR, _signed_inverse, cap_factor
 from dptrain.tagi.output_updater import (OutputUpdater, _agvi_innovations, _indices,
                                          _innovations, _noise, _shaped_like)
 from dptrain.tagi.states import DeltaStates, HiddenStates
@@ -66,6 +66,8 @@ class CompiledStep:
         #: why the network is stepped eagerly (None while it compiles)
         self.fallback_reason: str | None = None
         self.compiled_steps = self.eager_steps = 0
+        self._scalars: dict[float, torch.Tensor] = {}
+        self._caps: dict[float, torch.Tensor] = {}
         self._cached = [layer for layer in net.descendants() if hasattr(layer, "_weight_cache")]
         stateful = [path for path, _ in net.named_stateful()]
         if stateful:  # traced, the running counters' in-place updates came out wrong
@@ -110,11 +112,25 @@ class CompiledStep:
     step = __call__
 
     def _cap(self, batch: int) -> torch.Tensor | None:
-        """(−1/c, 1/c) of the cap, a cached tensor: an input of the program, not a constant."""
+        """(−1/c, 1/c) of the cap, a cached tensor: an input of the program, not a constant
+        (this object's own, like `_input_scalar`'s)."""
         if self._reduce is not None:
             return None
         size = self.net.cap_batch_size if self.net.cap_batch_size is not None else batch
-        return _signed_inverse(cap_factor(size), self.net.flat_params)
+        factor = cap_factor(size)
+        if factor not in self._caps:
+            self._caps[factor] = _signed_inverse(factor, self.net.flat_params).clone()
+        return self._caps[factor]
+
+    def _input_scalar(self, value: float) -> torch.Tensor:
+        """`value` as a 0-dim input of the program, one tensor per value. Never one of the
+        engine's shared `constant()`s: the tracer would take the program's input for the
+        constant it also reads inside (σ_v² = 1 traced as the layers' 1.0, then a new σ_v
+        would change their 1.0)."""
+        if value not in self._scalars:
+            self._scalars[value] = torch.tensor(value, dtype=self.net.dtype,
+                                                device=self.net.device)
+        return self._scalars[value]
 
     def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -124,7 +140,7 @@ class CompiledStep:
         assert out is not None
         if self.update == "heteros":
             return (_shaped_like(y, torch.Size((out[0], out[1] // 2)), like, "mu_obs"),
-                    constant(0.0, like), None)
+                    self._input_scalar(0.0), None)
         idx = None
         shape = out
         if self.update == "indices":
@@ -132,7 +148,7 @@ class CompiledStep:
             shape = idx.shape
         noise = _noise(var_y, shape, like)
         if not isinstance(noise, torch.Tensor):
-            noise = constant(noise, like)  # one tensor per σ_v value: no recompile
+            noise = self._input_scalar(noise)
         return _shaped_like(y, shape, like, "mu_obs"), noise, idx
 
     def _compiled(self, shapes: tuple) -> Callable:
