@@ -8,7 +8,8 @@ pytagi's LSTM example network at batch 5, 64 and 256. Two networks from the same
 stepped by the eager pytagi loop, one by `net.compile(...)`, alternating repeats of the same
 batches (which goes first alternates too), one thread; a figure is the median over repeats,
 with the spread (min-max over repeats) printed beside it, as the machine may be shared.
-Per case: eager and compiled ms per step, their ratio, compile time (first compiled step minus
+With --cpp-wrapper a third network, compiled with inductor's C++ wrapper, joins the
+alternation. Per case: eager and compiled ms per step, their ratio, compile time (first compiled step minus
 an eager one, fresh inductor cache), break-even steps (compile time / time saved per step),
 resident memory added by compiling, and the largest parameter difference after the first
 compiled step relative to the largest parameter.
@@ -82,36 +83,50 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(name: str, repeats: int, steps: int, options: dict | None = None) -> dict:
+def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> dict:
+    """Eager vs compiled (and, with `cpp_wrapper`, compiled with inductor's C++ wrapper),
+    all stepped in one alternating sequence."""
     build, update, batch, width, out = cases()[name]
     tagi.manual_seed(0)
     eager = build().compile(update, backend="eager")  # dynamo's "eager" is never used:
     eager._give_up("the eager reference")  # this CompiledStep runs the plain pytagi loop
-    tagi.manual_seed(0)
-    compiled = CompiledStep(build(), update, options=options)
+    steppers = {"eager": eager}
+    for variant, options in (("compiled", None), ("compiled_cpp", {"cpp_wrapper": True})):
+        if variant == "compiled_cpp" and not cpp_wrapper:
+            continue
+        tagi.manual_seed(0)
+        steppers[variant] = CompiledStep(build(), update, options=options)
     data = batches(update, batch, width, out)
-    run(eager, data, 0, 1), run(compiled, data, 0, 1)  # both: the first step is eager
+    for step in steppers.values():
+        run(step, data, 0, 1)  # the first step is eager
     eager_s = run(eager, data, 1, 1)
-    before = rss_mib()
-    compile_s = run(compiled, data, 1, 1) - eager_s
-    a, b = eager.net.flat_params, compiled.net.flat_params
-    diff = float((a - b).abs().max() / a.abs().max())
-    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    row: dict = {"case": name, "batch": batch}
+    for variant, step in steppers.items():
+        if variant == "eager":
+            continue
+        before = rss_mib()
+        compile_s = run(step, data, 1, 1) - eager_s
+        a, b = eager.net.flat_params, step.net.flat_params
+        row[variant] = {"compile_s": compile_s, "compile_rss_mib": rss_mib() - before,
+                        "max_rel_param_diff": float((a - b).abs().max() / a.abs().max()),
+                        "fallback": step.fallback_reason}
+    times: dict[str, list[float]] = {k: [] for k in steppers}
     position = 2
     for r in range(repeats):
-        for which in (["eager", "compiled"] if r % 2 == 0 else ["compiled", "eager"]):
-            step = eager if which == "eager" else compiled
-            times[which].append(1e3 * run(step, data, position, steps) / steps)
+        order = list(steppers) if r % 2 == 0 else list(steppers)[::-1]
+        for which in order:
+            times[which].append(1e3 * run(steppers[which], data, position, steps) / steps)
         position += steps
-    eager_ms, compiled_ms = (statistics.median(times[k]) for k in ("eager", "compiled"))
-    saved = (eager_ms - compiled_ms) / 1e3
-    return {"case": name, "batch": batch, "eager_ms": eager_ms, "compiled_ms": compiled_ms,
-            "eager_ms_range": [min(times["eager"]), max(times["eager"])],
-            "compiled_ms_range": [min(times["compiled"]), max(times["compiled"])],
-            "speedup": eager_ms / compiled_ms, "compile_s": compile_s,
-            "break_even_steps": compile_s / saved if saved > 0 else None,
-            "compile_rss_mib": rss_mib() - before, "max_rel_param_diff": diff,
-            "fallback": compiled.fallback_reason, "compiled_steps": compiled.compiled_steps}
+    row["eager_ms"] = statistics.median(times["eager"])
+    row["eager_ms_range"] = [min(times["eager"]), max(times["eager"])]
+    for variant in row.keys() & {"compiled", "compiled_cpp"}:
+        ms = statistics.median(times[variant])
+        saved = (row["eager_ms"] - ms) / 1e3
+        row[variant].update(ms=ms, ms_range=[min(times[variant]), max(times[variant])],
+                            speedup=row["eager_ms"] / ms,
+                            break_even_steps=row[variant]["compile_s"] / saved
+                            if saved > 0 else None)
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--case", action="append", choices=list(cases()),
                    help="run only this case (repeatable; default all)")
     p.add_argument("--cpp-wrapper", action="store_true",
-                   help="inductor's cpp_wrapper: the program's wrapper as C++, not Python")
+                   help="also inductor's cpp_wrapper (the program's glue as C++, not Python), "
+                        "in the same alternation")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -131,14 +147,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.case or list(cases()):
-        rows.append(measure(name, args.repeats, args.steps,
-                            {"cpp_wrapper": True} if args.cpp_wrapper else None))
+        rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper))
         r = rows[-1]
-        even = "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:.0f}"
-        print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']} compiled "
-              f"{r['compiled_ms']:.3f} ms {r['compiled_ms_range']} {r['speedup']:.2f}x compile "
-              f"{r['compile_s']:.1f} s, break-even {even} steps, +{r['compile_rss_mib']:.0f} MiB, "
-              f"diff {r['max_rel_param_diff']:.1e}", flush=True)
+        print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']}", flush=True)
+        for variant in ("compiled", "compiled_cpp"):
+            if variant in r:
+                v = r[variant]
+                even = "never" if v["break_even_steps"] is None else f"{v['break_even_steps']:.0f}"
+                print(f"  {variant:12} {v['ms']:.3f} ms {v['ms_range']} {v['speedup']:.2f}x, "
+                      f"compile {v['compile_s']:.1f} s, break-even {even} steps, "
+                      f"+{v['compile_rss_mib']:.0f} MiB, diff {v['max_rel_param_diff']:.1e}",
+                      flush=True)
     if not args.quick:
         write_json(args.output, {"command": command_line(), "rows": rows, "repeats": args.repeats,
                                  "steps": args.steps, "threads": args.threads,
