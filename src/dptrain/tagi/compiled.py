@@ -66,8 +66,8 @@ class CompiledStep:
         #: why the network is stepped eagerly (None while it compiles)
         self.fallback_reason: str | None = None
         self.compiled_steps = self.eager_steps = 0
-        self._scalars: dict[float, torch.Tensor] = {}
-        self._caps: dict[float, torch.Tensor] = {}
+        self._scalars: dict[tuple, torch.Tensor] = {}  # (value, dtype, device): tensor
+        self._caps: dict[tuple, torch.Tensor] = {}
         self._cached = [layer for layer in net.descendants() if hasattr(layer, "_weight_cache")]
         stateful = [path for path, _ in net.named_stateful()]
         if stateful:  # traced, the running counters' in-place updates came out wrong
@@ -117,20 +117,21 @@ class CompiledStep:
         if self._reduce is not None:
             return None
         size = self.net.cap_batch_size if self.net.cap_batch_size is not None else batch
-        factor = cap_factor(size)
-        if factor not in self._caps:
-            self._caps[factor] = _signed_inverse(factor, self.net.flat_params).clone()
-        return self._caps[factor]
+        key = (cap_factor(size), self.net.dtype, self.net.device)  # `to()` may move the net
+        if key not in self._caps:
+            self._caps[key] = _signed_inverse(key[0], self.net.flat_params).clone()
+        return self._caps[key]
 
     def _input_scalar(self, value: float) -> torch.Tensor:
         """`value` as a 0-dim input of the program, one tensor per value. Never one of the
         engine's shared `constant()`s: the tracer would take the program's input for the
         constant it also reads inside (σ_v² = 1 traced as the layers' 1.0, then a new σ_v
         would change their 1.0)."""
-        if value not in self._scalars:
-            self._scalars[value] = torch.tensor(value, dtype=self.net.dtype,
-                                                device=self.net.device)
-        return self._scalars[value]
+        key = (value, self.net.dtype, self.net.device)
+        if key not in self._scalars:
+            self._scalars[key] = torch.tensor(value, dtype=self.net.dtype,
+                                              device=self.net.device)
+        return self._scalars[key]
 
     def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
