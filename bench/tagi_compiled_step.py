@@ -91,7 +91,8 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> d
     eager = build().compile(update, backend="eager")  # dynamo's "eager" is never used:
     eager._give_up("the eager reference")  # this CompiledStep runs the plain pytagi loop
     steppers = {"eager": eager}
-    for variant, options in (("compiled", None), ("compiled_cpp", {"cpp_wrapper": True})):
+    for variant, options in (("compiled", {"cpp_wrapper": False}),
+                             ("compiled_cpp", {"cpp_wrapper": True})):
         if variant == "compiled_cpp" and not cpp_wrapper:
             continue
         tagi.manual_seed(0)
