@@ -1,7 +1,9 @@
 """The whole TAGI training step as one compiled program (`Sequential.compile()`) vs the eager loop.
 
-    .venv/bin/python bench/tagi_compiled_step.py            # writes bench/results/tagi_compiled_step.json
-    .venv/bin/python bench/tagi_compiled_step.py --quick    # smoke run, writes nothing
+    .venv/bin/python bench/tagi_compiled_step.py --cpp-wrapper   # writes the JSON below
+    .venv/bin/python bench/tagi_compiled_step.py --quick         # smoke run, writes nothing
+
+(bench/results/tagi_compiled_step.json)
 
 Cases: the FNN 784-128-128-11 (HRC) at batch 32, heteroscedastic regression at batch 10, and
 pytagi's LSTM example network at batch 5, 64 and 256. Two networks from the same seed, one
@@ -9,8 +11,8 @@ stepped by the eager pytagi loop, one by `net.compile(...)`, alternating repeats
 batches (which goes first alternates too), one thread; a figure is the median over repeats,
 with the spread (min-max over repeats) printed beside it, as the machine may be shared.
 With --cpp-wrapper a third network, compiled with inductor's C++ wrapper, joins the
-alternation. Per case: eager and compiled ms per step, their ratio, compile time (first compiled step minus
-an eager one, fresh inductor cache), break-even steps (compile time / time saved per step),
+alternation ("compiled" is then the Python wrapper). Per case: eager and compiled ms per step,
+their ratio, compile time (first compiled step minus an eager one, fresh inductor cache), break-even steps (compile time / time saved per step),
 resident memory added by compiling, and the largest parameter difference after the first
 compiled step relative to the largest parameter.
 """
@@ -47,10 +49,14 @@ def _lstm():
 def cases() -> dict[str, tuple]:
     """name: (build, update, batch, input width, target width)."""
     hrc = tagi.HRCSoftmax(num_classes=10)
-    fnn = lambda: tagi.Sequential(tagi.Linear(784, 128), tagi.ReLU(), tagi.Linear(128, 128),  # noqa
-                                  tagi.ReLU(), tagi.Linear(128, hrc.num_outputs))
-    heteros = lambda: tagi.Sequential(tagi.Linear(1, 128), tagi.ReLU(), tagi.Linear(128, 128),  # noqa
-                                      tagi.ReLU(), tagi.Linear(128, 2), tagi.EvenExp())
+    def fnn() -> tagi.Sequential:
+        return tagi.Sequential(tagi.Linear(784, 128), tagi.ReLU(), tagi.Linear(128, 128),
+                               tagi.ReLU(), tagi.Linear(128, hrc.num_outputs))
+
+    def heteros() -> tagi.Sequential:
+        return tagi.Sequential(tagi.Linear(1, 128), tagi.ReLU(), tagi.Linear(128, 128),
+                               tagi.ReLU(), tagi.Linear(128, 2), tagi.EvenExp())
+
     return {"fnn b32": (fnn, "indices", 32, 784, hrc.num_outputs),
             "heteros b10": (heteros, "heteros", 10, 1, 2),
             "lstm b5": (_lstm, "plain", 5, 5, 1), "lstm b64": (_lstm, "plain", 64, 5, 1),

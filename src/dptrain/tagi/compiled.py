@@ -56,7 +56,8 @@ class CompiledStep:
     """
 
     def __init__(self, net: Any, update: str = "plain", *, backend: str = "inductor",
-                 mode: str | None = None, options: dict[str, Any] | None = None, reduce: Callable[[], int] | None = None, eager: Any = None) -> None:
+                 mode: str | None = None, options: dict[str, Any] | None = None,
+                 reduce: Callable[[], int] | None = None, eager: Any = None) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
