@@ -19,6 +19,7 @@ from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
+from dptrain.tagi.compiled import CompiledStep
 from dptrain.tagi.hrc_softmax import LINKS, Link
 
 if TYPE_CHECKING:
@@ -87,8 +88,8 @@ class TagiLearner:
                  num_classes: int | None = None, sigma_v: float = 0.05,
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
-                 stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto"
-                 ) -> None:
+                 stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto",
+                 compile: bool = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -117,6 +118,9 @@ class TagiLearner:
         """Average mode's N: the world size of `setup`, or the run's from `load_state_dict`."""
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
         self.stop_on_collapse = stop_on_collapse
+        self.compile = compile
+        self.compiled: CompiledStep | None = None
+        """`compile`'s training step (`DDPSequential.compile`), made by `setup`."""
         self.collapse: dict[str, Any] | None = None
         """The first evaluation's collapse record (`dptrain.learners.collapse.verdict`)."""
 
@@ -128,6 +132,9 @@ class TagiLearner:
         self.net = DDPSequential(self.model, config, average=self.average,
                                  average_over=self.average_over)
         self.average_over = self.net.average_over
+        if self.compile:
+            update = "indices" if self.hrc else "heteros" if self.heteroscedastic else "plain"
+            self.compiled = self.net.compile(update)
         if self.y_scale is not None:
             self.y_scale = self.y_scale.to(self.model.device, self.model.dtype)
 
@@ -169,6 +176,8 @@ class TagiLearner:
         net = self._ddp()
         x, y = batch
         net.train()
+        if self.compiled is not None:
+            return self._compiled_step(x, y)
         mu, var = net(x)
         metrics = self._metrics(mu, var, y)
         if self.hrc is not None and self.hrc_link == "auto":
@@ -196,6 +205,20 @@ class TagiLearner:
                 and all(math.isfinite(v) for v in scores.values()):
             self.hrc = self._decoders[max(LINKS, key=lambda link: (scores[link], link))]
         return means
+
+    def _compiled_step(self, x: torch.Tensor, y: torch.Tensor) -> Metrics:
+        """`train_step` as one compiled call: the same update, the same metrics."""
+        assert self.compiled is not None
+        dtype, noise = self.model.dtype, self.sigma_v ** 2
+        if self.hrc is not None:
+            obs, idx = self.hrc.encode(y, dtype=dtype)
+            mu, var = self.compiled(x, obs, noise, idx)
+        else:
+            mu, var = self.compiled(x, y.to(dtype), noise)
+        metrics = self._metrics(mu, var, y)
+        if self.hrc is not None and self.hrc_link == "auto":
+            metrics.update(_link_scores(self._decoders, mu, var, y))
+        return metrics
 
     def eval_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
