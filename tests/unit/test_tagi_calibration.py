@@ -19,6 +19,7 @@ import torch
 
 from dptrain.data import load_dataset
 from dptrain.data.datasets.blobs import BAYES_ERROR, bayes_probabilities, load_blobs
+from dptrain.data.datasets.holdout import hold_out
 from dptrain.data.loader import fetch_batch
 from dptrain.dist import Runtime, init_distributed, means
 from dptrain.dist.env import SINGLE
@@ -26,6 +27,7 @@ from dptrain.errors import ConfigError
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.tagi import HRCSoftmax
+from dptrain.tagi.hrc_softmax import LINKS
 from dptrain.train.trainer import TrainConfig, Trainer
 
 F64 = torch.float64
@@ -128,16 +130,95 @@ def test_tagi_is_as_calibrated_as_torch_on_overlapping_classes():
 
 
 def test_auto_keeps_pytagis_link_on_clean_labels(tmp_path):
-    """On digits (clean labels) the training labels are likelier under the probit link, so
-    auto keeps it: the same predictions and ECE as `--hrc-link probit`, step for step."""
-    split = load_dataset("digits")
+    """On digits (clean labels) the probit's confidence is the nearer to the validation part's
+    accuracy, so auto keeps it: the same predictions and ECEs as `--hrc-link probit`, step for
+    step."""
+    split = hold_out(load_dataset("digits"), 0.1, seed=0)
     auto = _fit(split, tmp_path, "tagi-mlp", 0, 1, hrc_link="auto")
     probit = _fit(split, tmp_path, "tagi-mlp", 0, 1, hrc_link="probit")
     assert auto["hrc_link"] == "probit"
     assert auto["params_sha256"] == probit["params_sha256"]  # the link changes no update
-    for key in ("test_error", "test_ece", "test_log_likelihood"):
+    for key in ("val_error", "val_ece", "val_log_likelihood", "test_error", "test_ece",
+                "test_log_likelihood"):
         assert auto[key] == probit[key], key
     assert math.isfinite(auto["test_ece"])
+
+
+def _trained(split, seed: int, epochs: int, hidden: int):
+    """A TAGI MLP (auto link) after `epochs` epochs on `split.train`, driven as the Trainer
+    drives it on one process; with the last epoch's train means, before `end_training`."""
+    torch.set_num_threads(1)
+    built = create_learner(ModelConfig(model="tagi-mlp", hidden=hidden), LearnerConfig(), split,
+                           seed=seed)
+    built.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+    order = np.random.default_rng(seed)
+    for epoch in range(epochs):
+        built.set_epoch(epoch)
+        perm = torch.as_tensor(order.permutation(len(split.train)))
+        sums = _summed(built.train_step(fetch_batch(split.train, 0, perm[i:i + 32]))
+                       for i in range(0, len(perm), 32))
+        if epoch < epochs - 1:
+            built.end_training(sums)
+    return built, sums
+
+
+def _summed(batches) -> dict[str, float]:
+    sums: dict[str, tuple[float, float]] = {}
+    for metrics in batches:
+        for name, (s, c) in metrics.items():
+            total = sums.get(name, (0.0, 0.0))
+            sums[name] = (total[0] + s, total[1] + c)
+    return means(sums)
+
+
+def test_the_validation_part_chooses_the_link_and_the_test_part_never_does():
+    """After an epoch on blobs: validation labels as drawn (overlapping classes) choose the
+    mean link, by a wide margin of confidence gap (0.001 against 0.098); the same inputs labelled
+    with the network's own predictions (accuracy 100 %) choose the probit, whose confidence is
+    the higher; a test evaluation changes nothing, whatever its labels. Each evaluation reports
+    the metrics of the link it decodes with; without a validation evaluation the epoch's
+    training labels choose, at the first evaluation after it only."""
+    split = hold_out(load_blobs(seed=3), 0.1, seed=3)
+    built, train_means = _trained(split, seed=3, epochs=1, hidden=32)
+    x, y = fetch_batch(split.validation, 0, torch.arange(len(split.validation)))
+    built.end_training(dict(train_means))
+
+    def evaluate(labels, part):
+        return built.end_evaluation(_summed([built.eval_step((x, labels))]), part)
+
+    def direct(link, labels):  # the decoder's own probabilities, outside the learner
+        built.net.eval()
+        mu, var = built.net(x)
+        built.net.train()
+        probs = HRCSoftmax(3, link=link).probabilities(mu, var)
+        conf = probs.max(1).values.double().mean().item()
+        acc = (probs.argmax(1) == labels).double().mean().item()
+        return probs, abs(conf - acc)
+
+    (_, gap_mean), (_, gap_probit) = direct("mean", y), direct("probit", y)
+    assert gap_probit > gap_mean + 0.05, (gap_mean, gap_probit)
+    noisy = evaluate(y, "val")
+    assert built.hrc.link == "mean"
+    probs, _ = direct("mean", y)
+    assert noisy["error"] == pytest.approx((probs.argmax(1) != y).double().mean().item())
+    assert not any(name.startswith("_") for name in noisy), sorted(noisy)
+    own = direct("probit", y)[0].argmax(1)
+    (_, gap_mean), (_, gap_probit) = direct("mean", own), direct("probit", own)
+    assert gap_mean > gap_probit + 0.05, (gap_mean, gap_probit)
+    clean = evaluate(own, "val")
+    assert built.hrc.link == "probit" and clean["error"] == 0.0
+    evaluate(y, "test")  # labels that would choose the mean link, but a test part's
+    assert built.hrc.link == "probit"
+    # No validation part: the first evaluation after the epoch applies its training labels'
+    # choice (under which link they were likelier), the next one none.
+    scores = {link: train_means[f"_hrc_link_log_likelihood_{link}"] for link in LINKS}
+    by_train = max(LINKS, key=lambda link: (scores[link], link))
+    built.end_training(dict(train_means))
+    evaluate(own, "test")
+    assert built.hrc.link == by_train
+    built.hrc = built._decoders["probit" if by_train == "mean" else "mean"]
+    evaluate(own, "test")
+    assert built.hrc.link != by_train
 
 
 @pytest.mark.e2e
