@@ -65,11 +65,11 @@ class TagiLearner:
         hrc_link: classification only: how the hierarchical softmax turns output moments into
             class probabilities (`HRCSoftmax`'s `link`, docs/tagi.md, Calibration): "mean" (for
             noisy labels), "probit" (pytagi's, for clean ones) or "auto" (the default): after
-            each training epoch, the link under which the validation labels are more likely
-            (`end_evaluation` of the "val" part); in a run without a validation part, that
-            epoch's training labels, each scored by the forward pass before its update;
-            pytagi's probit until the first epoch ends. It changes no update, only the probabilities,
-            and with them the predicted class.
+            each training epoch, the link whose mean confidence is nearer the validation
+            accuracy (`end_evaluation` of the "val" part); in a run without a validation part,
+            the one under which that epoch's training labels were likelier, each scored by the
+            forward pass before its update; pytagi's probit until the first epoch ends. It
+            changes no update, only the probabilities, and with them the predicted class.
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
     element), and `log_likelihood` of the targets under the predictive distribution; for
