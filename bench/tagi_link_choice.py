@@ -2,7 +2,7 @@
 auto`): over seeds and hidden sizes, on overlapping classes (blobs), clean digits and the
 digits as MNIST files.
 
-    .venv/bin/python bench/tagi_link_choice.py              # about 3 minutes, one thread
+    .venv/bin/python bench/tagi_link_choice.py              # about a minute, one thread
     .venv/bin/python bench/tagi_link_choice.py --quick --no-json
 
 writes bench/results/tagi_link_choice.json.
