@@ -203,12 +203,12 @@ class TagiLearner:
         net.train()
         if self.hrc is None:
             metrics = self._metrics(mu, var, y)
-        elif self.hrc_link != "auto":
+        else:
             metrics = _class_metrics(self.hrc, mu, var, y)
-        else:  # under both links: `end_evaluation` keeps those of the link it decodes with
-            metrics = {f"{_EVAL_LINK_PREFIX}{link}:{name}": value
-                       for link, hrc in self._decoders.items()
-                       for name, value in _class_metrics(hrc, mu, var, y).items()}
+            if self.hrc_link == "auto":  # and the other link's: `end_evaluation` chooses
+                metrics.update({f"{_EVAL_LINK_PREFIX}{link}:{name}": value
+                                for link, hrc in self._decoders.items() if hrc is not self.hrc
+                                for name, value in _class_metrics(hrc, mu, var, y).items()})
         metrics.update(collapse.output_sums(self._bands(mu, var)[0] if self.heteroscedastic
                                             else mu))
         return metrics
@@ -332,7 +332,7 @@ class TagiLearner:
         return means
 
     def _choose_link(self, means: dict[str, float], part: str) -> dict[str, float]:
-        """`eval_step`'s metrics under each link split apart; that of the link chosen stays.
+        """`eval_step`'s metrics under each link split apart; those of the link chosen stay.
 
         The validation part ("val") chooses the link whose mean confidence is nearer its
         accuracy there; a run without one, the link under which the epoch's training labels
@@ -349,6 +349,9 @@ class TagiLearner:
                 per_link[link][metric] = value
             else:
                 rest[name] = value
+        # The link in use reported its metrics under their own names, the other one prefixed.
+        other = next(iter(m for link, m in per_link.items() if link != self.hrc.link))
+        per_link[self.hrc.link] = {name: rest.pop(name) for name in other if name in rest}
         scores = None
         if part == "val":
             scores = {link: -confidence_gap(per_link[link]) for link in LINKS}
@@ -400,7 +403,8 @@ _CLASS_PREFIX = "pred_class"
 _LINK_PREFIX = "_hrc_link_log_likelihood_"
 """Train metrics for `end_training` alone (the leading "_": not shown by the progress bar)."""
 _EVAL_LINK_PREFIX = "_hrc_link_"
-"""`eval_step`'s metrics under each link with `hrc_link` auto, as `_hrc_link_{link}:{name}`."""
+"""With `hrc_link` auto, `eval_step`'s metrics under the link not in use, as
+`_hrc_link_{link}:{name}`."""
 
 
 def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.Tensor,
