@@ -8,6 +8,7 @@ the TAGI MLP's ECE 0.11 there (mean confidence 0.93 for 82 % accuracy); the torc
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import statistics
@@ -254,7 +255,7 @@ def test_a_run_killed_mid_epoch_chooses_the_same_link(tmp_path):
     left beside the validation part, last checkpoint at step 80): the resumed run decodes with
     the link the validation part chose after epoch 1 (the learner's state) and chooses again at
     epoch 2's end, so its epochs.csv (train, validation and test metrics per epoch) and its
-    link are the uninterrupted run's, byte for byte. Seed 3: its validation part chooses the
+    link are the uninterrupted run's, byte for byte; a one-process run's are the same. Seed 3: its validation part chooses the
     mean link by a wide margin (confidence gap 0.01-0.02 against the probit's 0.10 after
     epochs 1 and 2, measured on one process)."""
     from tests._cli import dptrain_cmd, run
@@ -272,3 +273,14 @@ def test_a_run_killed_mid_epoch_chooses_the_same_link(tmp_path):
     assert summaries[0]["hrc_link"] == summaries[1]["hrc_link"] == "mean"
     assert (tmp_path / "killed" / "epochs.csv").read_bytes() == \
         (tmp_path / "clean" / "epochs.csv").read_bytes()
+    # One process computes the same steps (uneven last batches) and the same reduced
+    # validation means, so it chooses the same link from the same figures.
+    single = run(dptrain_cmd(*common, "--nproc", "1", "--out", str(tmp_path / "single")),
+                 timeout_s=180)
+    assert single.returncode == 0, single.output
+    assert json.loads((tmp_path / "single" / "summary.json").read_text())["hrc_link"] == "mean"
+    rows = [list(csv.DictReader((tmp_path / name / "epochs.csv").read_text().splitlines()))
+            for name in ("clean", "single")]
+    for two, one in zip(*rows):
+        for key in ("val_ece", "val_log_likelihood", "test_ece"):
+            assert float(two[key]) == pytest.approx(float(one[key]), abs=1e-6), key
