@@ -255,9 +255,9 @@ def test_a_run_killed_mid_epoch_chooses_the_same_link(tmp_path):
     left beside the validation part, last checkpoint at step 80): the resumed run decodes with
     the link the validation part chose after epoch 1 (the learner's state) and chooses again at
     epoch 2's end, so its epochs.csv (train, validation and test metrics per epoch) and its
-    link are the uninterrupted run's, byte for byte; a one-process run's are the same. Seed 3: its validation part chooses the
-    mean link by a wide margin (confidence gap 0.01-0.02 against the probit's 0.10 after
-    epochs 1 and 2, measured on one process)."""
+    link are the uninterrupted run's, byte for byte; a one-process run's are the same. Seed 3:
+    its validation part chooses the mean link by a wide margin (confidence gap 0.01-0.02
+    against the probit's 0.10 after epochs 1 and 2, measured on one process)."""
     from tests._cli import dptrain_cmd, run
 
     common = ["train", "--dataset", "blobs", "--epochs", "2", "--hidden", "32", "--seed", "3",
