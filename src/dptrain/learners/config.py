@@ -115,7 +115,8 @@ class LearnerConfig:
                                                         metadata=cli(choices=True))
     """TAGI classification: how class probabilities come from the outputs' moments: the mean
     link (calibrated on noisy labels), pytagi's probit (clean labels), or auto: after each
-    epoch the one that scored that epoch's training labels better (docs/tagi.md,
+    epoch the one whose confidence is nearer the validation accuracy (without a validation
+    part: under which that epoch's training labels were likelier; docs/tagi.md,
     Calibration)."""
     compile: bool = field(default=False, metadata=resumable())
     """TAGI: run each training step as one compiled program (the same parameters as eager;
