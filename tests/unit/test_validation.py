@@ -62,7 +62,7 @@ def test_series_parts_are_sized_in_time_steps_or_fractions():
      "leaves none to train on"),
     ({"dataset": "digits", "val_size": "0"}, ConfigError, "--val-size: expected a count"),
     ({"dataset": "digits", "test_size": "100"}, ConfigError,
-     "test-size: for time series (sine, seasonal, series); digits is not one"),
+     "test-size: for time series (sine, seasonal, hourly, series); digits is not one"),
 ])
 def test_bad_sizes_are_one_line_saying_what_and_where(options, error, message):
     with pytest.raises(error) as caught:
