@@ -41,10 +41,13 @@ def test_ddp_cifar_resnet_runs_on_two_cpu_processes_under_mpirun(tmp_path):
     port_tree(SOURCE / "examples", tmp_path / "examples")
     subprocess.run(["git", "apply", str(PATCH)], cwd=tmp_path, check=True)
     _write_cifar_binary(tmp_path / "data" / "cifar")
+    # mpi4py's wheel picks its MPI at import; with MPICH installed beside OpenMPI (as make test
+    # installs both) it would look for MPICH's library under OpenMPI's mpirun
     env = base_env(PYTHONPATH=str(tmp_path), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()))
+                   MASTER_PORT=str(free_port()), MPI4PY_MPIABI="openmpi")
     exported = [flag for name in ("PYTHONPATH", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME",
-                                  "MASTER_ADDR", "MASTER_PORT") for flag in ("-x", name)]
+                                  "MASTER_ADDR", "MASTER_PORT", "MPI4PY_MPIABI")
+                for flag in ("-x", name)]
     done = run(mpirun_cmd(2, *exported, PYTHON, "examples/ddp_cifar_resnet.py",
                           "--num_epochs=1", "--batch_size=8", "--num_workers=0"),
                cwd=tmp_path, env=env, timeout_s=300)
