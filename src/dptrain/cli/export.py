@@ -23,12 +23,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--which", choices=("best", "last"), default="best",
                    help="which checkpoint (default: best, else the last)")
     p.add_argument("--out", metavar="FILE", help="default: model.pt2 or model.onnx here")
+    p.add_argument("--no-ema", dest="ema", action="store_false",
+                   help="a run with --ema: export its live weights, not their average")
     p.set_defaults(func=export_command)
 
 
 def export_command(args: argparse.Namespace) -> int:
     out = args.out or f"model.{args.format}"
-    written = export_run(args.run_dir, args.format, out, which=args.which)
+    written = export_run(args.run_dir, args.format, out, which=args.which, ema=args.ema)
     meta = written.metadata
     checked = ", ".join(f"{k} {v:.3g}" for k, v in meta["checked"].items()
                         if k != "batch_sizes")
