@@ -38,6 +38,13 @@ def cell(text: object) -> str:
     return re.sub(r"\s+", " ", str(text)).strip().replace("|", "\\|")
 
 
+def prose(text: object) -> str:
+    """Help text as Markdown shows it literally: no tags from "<class>", no emphasis from
+    "*.png"."""
+    return (str(text).replace("\\", "\\\\").replace("*", "\\*").replace("<", "&lt;")
+            .replace(">", "&gt;"))
+
+
 def code(text: object) -> str:
     return f"`{text}`" if str(text) else ""
 
@@ -85,7 +92,7 @@ def _owner(command: str, name: str) -> type:
 
 def _type_name(hint: object) -> str:
     if typing.get_origin(hint) is typing.Literal:
-        return " \\| ".join(code(v) for v in typing.get_args(hint))
+        return " | ".join(code(v) for v in typing.get_args(hint))
     if typing.get_origin(hint) is tuple:
         return "repeatable"
     return getattr(hint, "__name__", str(hint))
@@ -100,7 +107,7 @@ def _form(actions: list[argparse.Action], field: dataclasses.Field | None,
     if first.nargs == 0:
         return "switch"
     if first.choices:
-        return " \\| ".join(code(c) for c in first.choices)
+        return " | ".join(code(c) for c in first.choices)
     if field is not None and owner is not None:
         kind = _type_name(typing.get_type_hints(owner)[field.name])
     else:
@@ -151,7 +158,7 @@ def option_rows(command: str) -> list[dict[str, str]]:
         names = [s for a in actions for s in a.option_strings] or [actions[0].metavar or dest]
         row = {"name": " ".join(code(n) for n in names), "dest": dest,
                "form": _form(actions, field, owner), "default": _default(actions, field),
-               "help": _help(actions, field, command)}
+               "help": prose(_help(actions, field, command))}
         if fields:
             from dptrain.options import defines_run
 
@@ -222,7 +229,7 @@ def exit_statuses() -> str:
                       if isinstance(c, type) and issubclass(c, errors.DptrainError)),
                      key=lambda c: c.exit_code)
     rows = [[0, "", "the job finished (also: a node that joins an elastic job that has ended)"]]
-    rows += [[c.exit_code, code(c.__name__), (c.__doc__ or "").strip().splitlines()[0]]
+    rows += [[c.exit_code, code(c.__name__), prose((c.__doc__ or "").strip().split("\n\n")[0])]
              for c in classes]
     rows += [[130, "", "interrupted (Ctrl-C): every worker stopped"],
              [143, "", "terminated (SIGTERM): every worker stopped"]]
@@ -233,7 +240,7 @@ def exit_statuses() -> str:
 def models() -> str:
     from dptrain.learners.models import MODELS
 
-    rows = [[code(s.name), s.kind, s.summary,
+    rows = [[code(s.name), s.kind, prose(s.summary),
              ", ".join(f"{code('--' + k.replace('_', '-'))} {v}" for k, v in s.defaults.items())
              or "—"] for s in MODELS.values()]
     return table(["model", "kind", "what it is", "defaults it changes"], rows)
@@ -247,7 +254,7 @@ def datasets() -> str:
     for line in lines:
         parts = re.split(r"\s{2,}", line.strip())
         if len(parts) >= 2:
-            rows.append([code(parts[0]), parts[1], code(parts[2]) if len(parts) > 2 else ""])
+            rows.append([code(parts[0]), prose(parts[1]), code(parts[2]) if len(parts) > 2 else ""])
     return table(["`--dataset`", "what it is", "loader"], rows)
 
 

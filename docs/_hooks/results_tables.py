@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,7 +191,15 @@ def input_pipeline() -> str:
                   " dptrain / baseline |", "|---:|---:|---:|---:|---|---:|", rows)
 
 
-TABLES = {f.__name__: f for f in (learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
+def demo() -> str:
+    """The last lines `make demo` printed in its recorded run, the run directory's time
+    replaced by <time> (it names the moment of that run)."""
+    lines = [re.sub(r"tagi-mlp-digits-\d{8}-\d{6}", "tagi-mlp-digits-<time>", line)
+             for line in load("demo.json")["last_lines"]]
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
+TABLES = {f.__name__: f for f in (demo, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
                                   tagi_ddp, checkpoint_pause, input_pipeline)}
