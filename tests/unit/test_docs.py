@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [*sorted((REPO / "src").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py")),
            *sorted((REPO / "bench").rglob("*.py")), *sorted((REPO / "examples").rglob("*.py")),
-           REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+           REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # Cited as "docs/tagi.md, <Section name>" where a section name ends at ")", ".", ";" or ":".
 TAGI_CITATION = re.compile(r"docs/tagi\.md, ([^).;:`]+)")
 # "docs/design.md, contract 5", "docs/design.md contracts 1, 2", "docs/design.md, 4 and 5".
@@ -60,7 +60,7 @@ def test_markdown_links_to_repository_files_resolve():
     link = re.compile(r"\]\(((?!https?:|#)[^)#\s]+)")
     missing = [f"{doc.relative_to(REPO)} -> {target}"
                for doc in (REPO / "README.md", REPO / "bench" / "README.md",
-                           *(REPO / "docs").glob("*.md"))
+                           *(REPO / "docs").rglob("*.md"))
                for target in link.findall(doc.read_text(encoding="utf-8"))
                if not (doc.parent / target).exists()]
     assert not missing, missing

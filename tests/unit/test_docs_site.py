@@ -75,7 +75,7 @@ PYTHON_PAGES = [p for p in PAGES if any(b.language == "python" for b in blocks(p
 def test_the_site_builds_in_strict_mode(tmp_path):
     """`make docs`: a broken link or anchor, a page missing from the navigation, a docstring
     reference that does not resolve or an unknown generate marker fails the build."""
-    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
+    pytest.importorskip("mkdocs", reason="no docs extra: pip install -e '.[docs]'")
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=REPO, capture_output=True, text=True, timeout=240,
