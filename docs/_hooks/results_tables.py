@@ -1,7 +1,7 @@
 """The benchmark tables of docs/results.md, made from bench/results/*.json at build time.
 
 `render(name)` is what `<!-- generate: results NAME -->` becomes. Each table reads its result
-file(s) only; the prose around it cites the same files, and tests/unit/test_results_figures.py
+file(s) only; the prose around it cites the same files, and tests/unit/test_readme_figures.py
 checks that prose against them.
 """
 
