@@ -11,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 VENV=.venv-pytagi
-REQS=(pytagi==0.2.1 nvidia-nccl-cu12 "numpy<3")
+# tqdm, pandas, matplotlib, scikit-learn, torch: what pytagi's tutorials import
+# (pytagi_tutorials_vs_wheel.py)
+REQS=(pytagi==0.2.1 nvidia-nccl-cu12 "numpy<3" tqdm pandas matplotlib scikit-learn torch)
 
 if ! ldconfig -p | grep -q 'libmpi_cxx\.so\.40'; then
   echo "setup_pytagi: installing libopenmpi3 (pytagi's extension links OpenMPI 4)" >&2

@@ -31,7 +31,7 @@ from dptrain.data.normalisation import from_record, renormalised
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.forecast import Forecast, forecast_test
+from dptrain.learners.forecast import Forecast, calibrated_test
 from dptrain.learners.user_model import is_model_file, model_file_sha256
 from dptrain.options import pick
 from dptrain.tagi import HRCSoftmax, split_heteros
@@ -144,8 +144,9 @@ class TrainedRun:
 
     @torch.no_grad()
     def forecast(self) -> Forecast:
-        """A TAGI time-series run: the recursive forecast of its test part (data units, the
-        observation noise in the variance), as the run reported it in summary.json."""
+        """A TAGI time-series run: the recursive forecast of its test part under the run's
+        protocol (data units, the observation noise in the variance, scaled as chosen on the
+        validation part), as the run reported it in summary.json."""
         series = self._split.series
         if series is None or self.kind != "tagi":
             raise ConfigError(f"{self.run_dir}: forecasts are for TAGI models trained on a "
@@ -161,7 +162,7 @@ class TrainedRun:
                 return pred.mean, pred.total_var
             return mu, var + self._sigma_v ** 2
 
-        return forecast_test(moments, series)
+        return calibrated_test(moments, series)[0]
 
     def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +244,8 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     if kept is not None:  # started from another run: trained in that run's input space
         split = renormalised(split, *from_record(kept))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
-    weights = dict(state["learner"]["model"])
+    # A run with EMA kept the averaged weights as its model: monitored, best/, used here.
+    weights = dict(state["learner"].get("ema") or state["learner"]["model"])
     if kind == "torch":
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
     model.load_state_dict(weights)
@@ -258,17 +260,21 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
 
 
 def write_forecast(path: str | Path, forecast: Forecast, series: Any) -> None:
-    """One row per series and test time step: series, time, observed (empty where missing),
-    forecast mean and variance, in the data's units."""
+    """One row per series and test time step: series, time, origin (the time of the first
+    step of the forecast this value belongs to: the test part's first for one forecast of the
+    whole part, rolling with `--forecast-every`), observed (empty where missing), forecast
+    mean and variance, in the data's units."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["series", "time", "observed", "mean", "var"])
+        writer.writerow(["series", "time", "origin", "observed", "mean", "var"])
+        origins = forecast.origins.tolist()
         for s, name in enumerate(series.names):
             for k in range(forecast.mean.shape[1]):
                 observed = forecast.observed[s, k].item()
                 writer.writerow([name, series.times[forecast.start + k],
+                                 series.times[origins[k]],
                                  "" if observed != observed else f"{observed:.9g}",
                                  f"{forecast.mean[s, k].item():.9g}",
                                  f"{forecast.var[s, k].item():.9g}"])

@@ -20,6 +20,8 @@ from torch import nn
 from dptrain.dist import (DistEnv, Runtime, barrier, init_distributed, resolve_env,
                           shutdown_distributed)
 from dptrain.learners import AllReduceBatchNorm, TorchLearner
+from dptrain.learners.optim import OptimizerSpec
+from dptrain.learners.schedule import LrSchedule
 from tests._world import run_world
 
 pytestmark = pytest.mark.dist
@@ -260,6 +262,38 @@ def _fsdp_checks(rank: int, world_size: int, ckpt_dir: str) -> dict:
     with torch.no_grad():
         logits = ref(x)
     out["eval_expected"] = (ce(logits, y).item() * 10, float((logits.argmax(1) != y).sum()))
+    out.update(_fsdp_ema_checks(rt, rank, world_size, ckpt_dir + "-ema"))
+    return out
+
+
+def _ema_learner(seed: int = 0, strategy: str = "fsdp") -> TorchLearner:
+    """SGD with decay groups, warmup, EMA every step, global BatchNorm."""
+    return TorchLearner(_cnn(seed), nn.CrossEntropyLoss(),
+                        OptimizerSpec(name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-2),
+                        strategy=strategy, sync_batchnorm=True, ema_decay=0.5,
+                        lr_schedule=LrSchedule(peak=0.1, total_steps=6, warmup_steps=2,
+                                               kind="cosine"))
+
+
+def _fsdp_ema_checks(rt: Runtime, rank: int, world_size: int, ckpt_dir: str) -> dict:
+    """The EMA under FSDP: its shards average, evaluate (collectively), save and reshard."""
+    out: dict = {}
+    learner = _ema_learner()
+    learner.setup(rt)
+    out["ema_groups"] = [g["weight_decay"] for g in learner.optimizer.param_groups]
+    _train(learner, _image_data, range(2), rank, world_size)
+    out["ema_after2"] = learner.ema_state_dict()
+    x, y = _image_data(60, 8)
+    out["ema_eval"] = learner.eval_step(_shard((x, y), rank, world_size))
+    learner.save_sharded(ckpt_dir)
+    _train(learner, _image_data, [2], rank, world_size)
+    restored = _ema_learner(seed=5)
+    restored.setup(rt)
+    restored.load_sharded(ckpt_dir)
+    _train(restored, _image_data, [2], rank, world_size)
+    a, b = learner.ema_state_dict(), restored.ema_state_dict()
+    out["ema_resume_bit_identical"] = all(torch.equal(a[k], b[k]) for k in a)
+    out["ema_lr"] = restored.step_scalars()["lr"]
     return out
 
 
@@ -392,6 +426,29 @@ def test_fsdp_eval_with_empty_batches_counts_every_sample_once(world):
     count = sum(m["error"][1] for r in results for m in r["eval"])
     assert count == 10 and errors == results[0]["eval_expected"][1]
     assert loss == pytest.approx(results[0]["eval_expected"][0], rel=1e-5)
+
+
+def test_fsdp_ema_equals_one_process_and_resumes_from_its_shards(world):
+    """The EMA of the weights under FSDP (docs/gradient_learner.md, Optimizers and schedules):
+    after two steps it equals one process's on the global batch, its evaluation over the
+    ranks too, and a sharded checkpoint restores it bit-identically, the schedule with it."""
+    single = _ema_learner(strategy="ddp")
+    single.setup(init_distributed(resolve_env({})))
+    for s in range(2):
+        single.train_step(_image_data(s, 16))
+    x, y = _image_data(60, 8)
+    expected = single.eval_step((x, y))
+    for rank, r in enumerate(world[2]):
+        assert r["ema_groups"] == [1e-2, 0.0], f"rank {rank}"
+        assert _max_diff(r["ema_after2"], single.ema_state_dict()) < 1e-5, f"rank {rank}"
+        assert r["ema_resume_bit_identical"], f"rank {rank}"
+        # step 2 (from 0): the peak, just after warmup; a step count lost in the checkpoint
+        # would have applied warmup's first rate, 0.001
+        assert r["ema_lr"] == 0.1
+    for key in ("ema_loss", "ema_error"):
+        total = sum(r["ema_eval"][key][0] for r in world[2])
+        assert total == pytest.approx(expected[key][0], rel=1e-5, abs=1e-6), key
+    assert expected["ema_loss"] != expected["loss"]
 
 
 def test_sharded_checkpoint_from_two_ranks_loads_on_one_process(world):

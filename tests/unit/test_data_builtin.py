@@ -101,7 +101,7 @@ def test_split_checks_its_fields():
 
 @pytest.mark.parametrize("spec, match", [
     ("imagenet", "unknown dataset 'imagenet'; accepted: digits, digits-image, diabetes, toy1d, "
-                 "toy1d-hetero, blobs, sine, seasonal, mnist:PATH"),
+                 "toy1d-hetero, blobs, sine, seasonal, hourly, mnist:PATH"),
     ("mnist", "dataset 'mnist' needs a path: mnist:PATH"),
     ("digits:/tmp", "dataset 'digits' is built in and takes no path"),
 ])

@@ -102,8 +102,8 @@ def test_missing_values_are_nan_targets_and_filled_inputs(tmp_path):
     (None, {"lookback": 40}, "lookback 40 + horizon 1 need 41 time steps, but the training "
                              "part has 28"),
     ("time,a\n0,1\n1,2\n2,x\n", {}, "line 4, column 'a': not a number: 'x'"),
-    ("time,a\n" + "".join(f"{t},3.5\n" for t in range(40)), {"lookback": 3},
-     "series 'a' is constant over its training part (every value 3.5)"),
+    ("time,a\n" + "".join(f"{t},{'3.5' if t == 5 else ''}\n" for t in range(40)),
+     {"lookback": 3}, "no series has 2 observed values in its training part (28 time steps)"),
     ("time,a\n" + "".join(f"{t},{t}\n" for t in (0, 2, 1, 3)), {}, "line 4: time '1' does "
                                                                     "not come after '2'"),
     ("t,series,v,w\n0,a,1,2\n", {}, "exactly three columns"),

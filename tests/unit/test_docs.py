@@ -7,9 +7,14 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = [*sorted((REPO / "src").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py")),
-           *sorted((REPO / "bench").rglob("*.py")), *sorted((REPO / "examples").rglob("*.py")),
-           REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+_ALL_SOURCES = [*sorted((REPO / "src").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py")),
+                *sorted((REPO / "bench").rglob("*.py")),
+                *sorted((REPO / "examples").rglob("*.py")),
+                REPO / "README.md", REPO / "bench" / "README.md",
+                *sorted((REPO / "docs").rglob("*.md"))]
+# Not what lies in hidden folders (bench/.venv-pytagi, the wheel's venv, holds torch's sources).
+SOURCES = [p for p in _ALL_SOURCES
+           if not any(part.startswith(".") for part in p.relative_to(REPO).parts)]
 # Cited as "docs/tagi.md, <Section name>" where a section name ends at ")", ".", ";" or ":".
 TAGI_CITATION = re.compile(r"docs/tagi\.md, ([^).;:`]+)")
 # "docs/design.md, contract 5", "docs/design.md contracts 1, 2", "docs/design.md, 4 and 5".

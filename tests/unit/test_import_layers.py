@@ -16,9 +16,11 @@ import pytest
 
 import dptrain
 
-LAYERS = ("dist", "data", "tagi", "learners", "train", "inference", "export", "tune", "cli")
+LAYERS = ("dist", "data", "tagi", "pytagi", "learners", "train", "inference", "export", "tune",
+          "cli")
 """Bottom to top; a module may import its own layer and those listed before it."""
-FOUNDATION = ("dptrain._version", "dptrain.errors", "dptrain.options", "dptrain.user_code")
+FOUNDATION = ("dptrain._version", "dptrain.errors", "dptrain.fingerprint", "dptrain.options",
+              "dptrain.user_code")
 """Leaf modules every layer may import; they import nothing of dptrain above them."""
 FACE = ("dptrain", "dptrain.__main__")
 """The package's own re-exports and `python -m dptrain`: above everything."""

@@ -263,3 +263,18 @@ def test_calibration_figures_are_their_json():
     auto, probit = blobs["tagi-mlp default (auto)"], blobs["hrc sv=0.05 link=probit"]
     _in_readme(f"on noisy labels ECE {auto['ece_mean']:.3f} where pytagi's link gives "
                f"{probit['ece_mean']:.3f} and a torch MLP {blobs['torch-mlp']['ece_mean']:.3f}")
+
+
+def test_large_batch_table_is_large_batch_json():
+    record = _load("large_batch.json")
+    means = {}
+    for name, runs in record["results"].items():
+        errors = [100 * r["test_error"] for r in runs]
+        means[name] = sum(errors) / len(errors)
+        _row(f"| {name} |", f"{means[name]:.2f}", ", ".join(f"{e:.2f}" for e in errors))
+    small = means["small batch 32"]
+    gaps = [means[f"batch 512, {run}"] - small for run in
+            ("linear scaling + warmup", "linear scaling, no warmup", "no scaling")]
+    _in_readme(f"16 x the batch ends {gaps[0]:.2f} points from the small batch")
+    _in_readme(f"without warmup {gaps[1]:.2f} points, without scaling {gaps[2]:.2f}")
+    assert gaps[0] <= 0.5

@@ -47,8 +47,9 @@ def test_bad_input_variance_and_shapes(net):
         net(torch.zeros(2, 4), -torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"shape of mu_x \(2, 4\), got \(2, 3\)"):
         net(torch.zeros(2, 4), torch.ones(2, 3))
-    with pytest.raises(ValueError, match=r"mu_x must have shape \(batch, feat.*got \(4,\)"):
-        net(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"mu_x has shape \(6,\): a flat input must hold whole "
+                       r"samples of 4 = 4 values"):
+        net(torch.zeros(6))  # (4,) is one flat sample (pytagi's convention), (6,) is none
     with pytest.raises(ValueError, match=r"mu_x must be numeric"):
         net(np.array([["a"] * 4]))
 

@@ -82,13 +82,25 @@ def _wrong(errors: list[float]) -> list[int]:
     return [round(e * 360 / 100) for e in errors]
 
 
+#: How far another CPU's float32 kernels may move one seed's count of wrong test images from
+#: the recorded one (the figures are one machine's: one seed moves by 3-4 of the 360 images
+#: when only the rounding of the kernels changes, as the CNN test below measured).
+ROUNDING_WRONG = 4
+
+
+def _assert_as_recorded(errors: list[float], recorded: list[int]) -> None:
+    wrong = _wrong(errors)
+    assert all(abs(w - r) <= ROUNDING_WRONG for w, r in zip(wrong, recorded, strict=True)), \
+        f"wrong test images {wrong}, recorded {recorded} (test errors {errors} %)"
+
+
 def test_digits_matches_or_beats_pytagi():
     """FNN 64-128-128-11, HRC, batch 32, σ_v = 0.05, 10 epochs, stratified 1437/360 split:
     the errors the README quotes, and a mean no worse than pytagi's (2.22 %)."""
     data = _digits()
     assert len(data[0]) == 1437 and len(data[2]) == 360
     errors = [_digits_error(seed, data) for seed in range(3)]
-    assert _wrong(errors) == FNN_WRONG, f"test errors {errors} %"
+    _assert_as_recorded(errors, FNN_WRONG)
     assert np.mean(errors) <= _pytagi_mean_error("fnn")
 
 
@@ -111,7 +123,7 @@ def test_cnn_digits_learns_like_pytagi():
     data = (split.train.x, split.train.y, split.test.x, split.test.y)
     assert data[0].shape == (1437, 1, 8, 8)
     errors = [_digits_error(seed, data, _cnn) for seed in range(6)]
-    assert _wrong(errors) == CNN_WRONG, f"test errors {errors} %"
+    _assert_as_recorded(errors, CNN_WRONG)
     assert np.mean(errors) <= _pytagi_mean_error("cnn")
 
 
@@ -145,7 +157,7 @@ def test_small_resnet_with_batchnorm_learns_digits():
     split = load_digit_images(flat=False)
     data = (split.train.x, split.train.y, split.test.x, split.test.y)
     errors = [_digits_error(seed, data, _small_resnet) for seed in range(3)]
-    assert _wrong(errors) == RESNET_WRONG, f"test errors {errors} %"
+    _assert_as_recorded(errors, RESNET_WRONG)
     assert np.mean(errors) <= RESNET_DIGITS_ERROR
 
 

@@ -42,7 +42,8 @@ def test_the_names_are_the_columns_a_real_run_writes(tmp_path):
     with open(out / "epochs.csv") as f:
         columns = next(csv.reader(f))
     options = TrainOptions(model="torch-mlp", hidden=8)
-    assert sorted(columns) == sorted(["epoch", "step",
+    # lr: the learning rate of the epoch's last step, which torch learners log beside
+    assert sorted(columns) == sorted(["epoch", "step", "lr",
                                       *reported_metrics(options, load_job_split(options))])
 
 

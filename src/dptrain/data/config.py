@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dptrain.data.datasets import ArrayDataset, Split, load_dataset
+from dptrain.data.datasets.covariates import parse_feature_list, time_features, with_covariates
 from dptrain.data.datasets.holdout import hold_out
 from dptrain.data.datasets.registry import SERIES_DATASETS
 from dptrain.data.datasets.sizes import DEFAULT_VAL_FRACTION, parse_size
@@ -28,7 +30,7 @@ class DataConfig:
     """digits, digits-image, diabetes, toy1d, toy1d-hetero, blobs (3 overlapping classes),
     mnist:DIR, fashion-mnist:DIR,
     cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
-    npz:PATH, time series: sine, seasonal, series:PATH.csv (docs/forecasting.md), or
+    npz:PATH, time series: sine, seasonal, hourly, series:PATH.csv (docs/forecasting.md), or
     PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own datasets (see
     dptrain.data.load_dataset)."""
     augment: Literal["auto", "on", "off"] = field(default="auto", metadata=cli(
@@ -64,6 +66,21 @@ class DataConfig:
     test_size: str = "auto"
     """Time series: the test part, its last time steps, as a count or a fraction of the
     series (auto: 0.2)."""
+    season: int = 0
+    """Time series: the seasonal period m, in time steps, of the seasonal naive baseline and
+    the seasonal MASE (0: from the time spacing: a day and a week for hourly values, the best
+    of the two on the validation part; docs/forecasting.md)."""
+    forecast_every: int = 0
+    """Time series: rolling-origin evaluation: forecast K steps from an origin, reveal them,
+    move the origin K steps on, until the test part is covered (0: one recursive forecast of
+    the whole test part)."""
+    time_features: str = ""
+    """Time series: calendar features of the time column as known covariates, comma-separated
+    from minute, hour, weekday, month, dayofyear, or auto (those the time spacing gives: hour
+    and weekday for values spaced below a day); empty: none."""
+    covariates: str = ""
+    """Time series in a wide CSV: its columns (comma-separated) that are known covariates, fed
+    with the values at every input step and over the horizon, never predicted."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
@@ -80,6 +97,7 @@ class DataConfig:
         if self.val_size != NO_VALIDATION:
             parse_size(self.val_size, option="val-size")
         parse_size(self.test_size, option="test-size")
+        check_at_least(self, ("season", "forecast_every"), 0)
         if self.workers < -1:
             raise bad_value(self, "workers", "an integer >= 0 (or -1: automatic)")
 
@@ -90,10 +108,13 @@ class DataConfig:
         return {k: v for k, v in options.items() if v}
 
     def series_options(self) -> dict[str, Any]:
-        """lookback, horizon and the sizes of the parts: every one set for a time series,
-        those changed for other data (which are refused; --val-size is for every dataset)."""
+        """lookback, horizon, the sizes of the parts and the forecast protocol: every one set
+        for a time series, those changed for other data (which are refused; --val-size is for
+        every dataset)."""
         options = {"lookback": self.lookback, "horizon": self.horizon,
-                   "test_size": self.test_size}
+                   "test_size": self.test_size, "season": self.season,
+                   "forecast_every": self.forecast_every, "time_features": self.time_features,
+                   "covariates": self.covariates}
         defaults = DataConfig()
         if self.dataset.partition(":")[0] in SERIES_DATASETS:
             if self.val_size not in ("auto", NO_VALIDATION):
@@ -118,8 +139,20 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
     if series and kind not in SERIES_DATASETS:
         raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
                           f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
+    protocol = {k: series.pop(k) for k in ("season", "forecast_every") if k in series}
+    calendar = series.pop("time_features", "")
+    if not series.get("covariates"):
+        series.pop("covariates", None)
+    elif kind != "series":
+        raise ConfigError(f"--covariates: columns of a series:PATH.csv file; {config.dataset} "
+                          f"has none")
     split = with_validation(load_dataset(config.dataset, **options, **series), config,
                             seed=seed)
+    if split.series is not None:
+        names = parse_feature_list(calendar, split.series.times, split.name) if calendar \
+            else []
+        split = with_covariates(split, *time_features(split.series.times, names))
+        split = with_protocol(split, **protocol)
     if config.augment == "off" or (config.augment == "auto" and not split.augment_by_default):
         return split
     if not isinstance(split.train, (ImageDataset, ImageFolderDataset)):
@@ -144,6 +177,26 @@ def with_validation(split: Split, config: DataConfig, *, seed: int) -> Split:
         return split
     size = parse_size(config.val_size, option="val-size") or DEFAULT_VAL_FRACTION
     return hold_out(split, size, seed=seed)
+
+
+def with_protocol(split: Split, *, season: int = 0, forecast_every: int = 0) -> Split:
+    """The series' forecast protocol: its seasonal period (0: inferred) and rolling origins
+    every `forecast_every` steps (0: one forecast of the whole test part).
+
+    Raises:
+        ConfigError: a season longer than the training part, or K larger than the test part.
+    """
+    series = split.series
+    test_steps = series.values.shape[1] - series.val_end
+    if season > series.train_end:
+        raise ConfigError(f"{split.name}: --season {season} is longer than the training part "
+                          f"({series.train_end} time steps): the naive forecast would have no "
+                          f"value one season back")
+    if forecast_every > test_steps:
+        raise ConfigError(f"{split.name}: --forecast-every {forecast_every} is larger than the "
+                          f"test part ({test_steps} time steps)")
+    return dataclasses.replace(split, series=dataclasses.replace(
+        series, season=season, forecast_every=forecast_every))
 
 
 def resolve_workers(config: DataConfig, split: Split, cores: int) -> int:

@@ -28,13 +28,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from dptrain.data.datasets.base import ArrayDataset, Batch, Skipped
+from dptrain.data.datasets.base import ArrayDataset, Batch, Skipped, sample_shape
 from dptrain.data.datasets.image_folder import ImageFolderDataset
+from dptrain.data.mixing import Mixing, MixPlan, global_positions
 from dptrain.data.sampler import ShardedSampler
 from dptrain.errors import ConfigError, DataError
 
-BatchKey = tuple[int, torch.Tensor]
-"""(epoch, this rank's sample indices of one batch)."""
+BatchKey = tuple[int, torch.Tensor, "MixPlan | None"]
+"""(epoch, this rank's sample indices of one batch, their mixup/cutmix draws if any)."""
 
 
 def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
@@ -68,14 +69,29 @@ class _Batches(Dataset):
     value, so the training process raises it as the one line it is (DataLoader would wrap it
     in its worker traceback)."""
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, mixing: Mixing | None = None) -> None:
+        self.dataset, self.mixing = dataset, mixing
 
     def __getitem__(self, key: BatchKey) -> Any:
         try:
-            return fetch_batch(self.dataset, *key)
+            return make_batch(self.dataset, *key, mixing=self.mixing)
         except DataError as err:
             return _Failure(str(err))
+
+
+def make_batch(dataset: Dataset, epoch: int, indices: torch.Tensor, plan: MixPlan | None,
+               *, mixing: Mixing | None) -> Batch:
+    """`fetch_batch`, then mixed with the partners `plan` names (fetched here too)."""
+    batch = fetch_batch(dataset, epoch, indices)
+    if plan is None or mixing is None:
+        return batch
+    partner = fetch_batch(dataset, epoch, plan.partners)
+    if len(batch[1]) != len(indices) or len(partner[1]) != len(indices):
+        raise DataError("mixup/cutmix pair every sample with another: a batch cannot leave "
+                        "unreadable images out (--bad-images skip)")
+    mixed = Batch(mixing.apply(plan, tuple(batch), tuple(partner)))
+    mixed.skipped = batch.skipped
+    return mixed
 
 
 class _Failure:
@@ -105,13 +121,18 @@ class BatchLoader:
             epochs and are stopped by `close()`.
         pin_memory: page-locked batches, for fast copies to a CUDA device.
         prefetch: batches each worker makes ahead.
+        mixing: mixup/cutmix of each sample with a partner from the same global batch
+            (`dptrain.data.mixing`); train mode with equal shards only.
     """
 
     def __init__(self, dataset: Dataset, sampler: ShardedSampler, local_batch_size: int, *,
-                 workers: int = 0, pin_memory: bool = False, prefetch: int = 2) -> None:
+                 workers: int = 0, pin_memory: bool = False, prefetch: int = 2,
+                 mixing: Mixing | None = None) -> None:
         if workers < 0:
             raise ConfigError(f"workers: expected an integer >= 0, got {workers}")
-        self.dataset, self.sampler = dataset, sampler
+        if mixing is not None and (sampler.mode != "train" or sampler.uneven_last_batch):
+            raise ConfigError("mixup/cutmix needs a train sampler with equal shards")
+        self.dataset, self.sampler, self.mixing = dataset, sampler, mixing
         self.local_batch_size, self.workers = local_batch_size, workers
         self._keys = _Keys()
         self.skipped: set[str] = set()
@@ -121,7 +142,7 @@ class BatchLoader:
             # Forked workers share the dataset's memory (a file list, uint8 images) instead of
             # a pickled copy each, and see classes defined in a user's dataset file.
             self._loader = DataLoader(
-                _Batches(dataset), sampler=self._keys, batch_size=None, num_workers=workers,
+                _Batches(dataset, mixing), sampler=self._keys, batch_size=None, num_workers=workers,
                 persistent_workers=True, pin_memory=pin_memory, prefetch_factor=prefetch,
                 worker_init_fn=_one_thread, collate_fn=_as_made)
 
@@ -137,11 +158,12 @@ class BatchLoader:
             ends.append(self.sampler.position)
         self.sampler.set_position(start)
         epoch = self.sampler.epoch
+        plans = self._plans(start, ends)
         if self._loader is None:
-            made: Iterator[Any] = (fetch_batch(self.dataset, epoch, idx)
-                                   for idx in index_batches)
+            made: Iterator[Any] = (make_batch(self.dataset, epoch, idx, plan, mixing=self.mixing)
+                                   for idx, plan in zip(index_batches, plans))
         else:
-            self._keys.keys = [(epoch, idx) for idx in index_batches]
+            self._keys.keys = [(epoch, idx, plan) for idx, plan in zip(index_batches, plans)]
             made = iter(self._loader)
         for end, batch in zip(ends, made):
             if isinstance(batch, _Failure):
@@ -150,6 +172,21 @@ class BatchLoader:
             # the batch's slots, which past the data (uneven_last_batch) hold no index
             self.sampler.set_position(end)
             yield batch
+
+    def _plans(self, start: int, ends: list[int]) -> list[MixPlan | None]:
+        """Each batch's mixing draws (None without mixing), from its samples' global
+        positions: every rank's local slot i is position i x world size + rank."""
+        if self.mixing is None:
+            return [None] * len(ends)
+        sampler, world = self.sampler, self.sampler.world_size
+        order, shape = sampler.epoch_order(), sample_shape(self.dataset)
+        plans, begin = [], start
+        for end in ends:
+            positions = global_positions(begin, end, sampler.rank, world)
+            plans.append(self.mixing.plan(sampler.epoch, positions, order,
+                                          self.local_batch_size * world, shape))
+            begin = end
+        return plans
 
     def close(self) -> None:
         """Stop the worker processes (they would also stop when this process ends)."""

@@ -218,6 +218,12 @@ class ShardedSampler(Sampler[int]):
 
     def indices(self) -> torch.Tensor:
         """All of this rank's indices for the current epoch, in order (int64, shape (len,))."""
+        return self.epoch_order()[self.rank::self.world_size]
+
+    def epoch_order(self) -> torch.Tensor:
+        """Every rank's indices of the current epoch by global position (rank r takes
+        positions r, r + world size, ...): the permutation, padded in train mode unless
+        `uneven_last_batch`."""
         n, world = self.num_samples, self.world_size
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -228,7 +234,7 @@ class ShardedSampler(Sampler[int]):
             total = world * len(self)
             # repeat() covers padding longer than the data itself (fewer samples than ranks)
             order = order.repeat(math.ceil(total / n))[:total]
-        return order[self.rank::world]
+        return order
 
     def _start(self) -> torch.Tensor:
         if self._ran_to_end:

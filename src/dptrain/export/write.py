@@ -20,6 +20,7 @@ from dptrain._version import __version__
 from dptrain.data.config import DataConfig
 from dptrain.data.normalisation import as_record
 from dptrain.errors import ConfigError, ExportError
+from dptrain.fingerprint import params_sha256
 from dptrain.export.check import (
     BATCH_SIZES,
     check,
@@ -175,7 +176,7 @@ def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
         "model": run.model_config.model, "dataset": run.dataset,
         "data": asdict(pick(DataConfig, ckpt.validate(run.checkpoint).meta["config"]
                             ["record"])),
-        "params_sha256": ckpt.params_sha256(weights),
+        "params_sha256": params_sha256(weights),
         "dptrain_version": __version__, "torch_version": torch.__version__,
         "checked": {"batch_sizes": list(BATCH_SIZES), **checks},
     }

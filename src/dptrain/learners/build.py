@@ -10,8 +10,9 @@
 
 The policies, keyed on what the model is (its kind, "tagi" or "torch", known from the registry
 or, for a model file, from what its function returns): which options each kind takes (precision,
-heteroscedastic), the loss per task, the optimiser (Adam), and global-batch BatchNorm for torch
-models that have BatchNorm. The command line, `dptrain.load_run` and library users all come
+heteroscedastic), the loss per task (with label smoothing), the optimiser with its weight-decay
+groups, the learning-rate schedule over the run's optimizer steps, the EMA of the weights, and
+global-batch BatchNorm for torch models that have BatchNorm. The command line, `dptrain.load_run` and library users all come
 through here, so a run built by hand trains exactly as `dptrain train` would.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import torch
@@ -27,16 +29,23 @@ from torch import nn
 from dptrain.data import Split
 from dptrain.data.datasets.series import with_series_ids
 from dptrain.errors import ConfigError
-from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.config import (
+    LearnerConfig,
+    ModelConfig,
+    milestones,
+    refuse_torch_options,
+)
 from dptrain.learners.models import Kind, ModelOptions, build_model
 from dptrain.learners.models import MODELS, TAGI_MODELS, check_input, get_model, num_outputs
+from dptrain.learners.optim import OptimizerSpec
+from dptrain.learners.schedule import LrSchedule, scaled_lr
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.torch_config import OptimizerFactory
 from dptrain.learners.torch_learner import TorchLearner
 from dptrain.learners.user_model import is_model_file, load_user_model
 from dptrain.tagi import manual_seed
 
-HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp",)
+HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp", "tagi-lstm")
 """Built-in TAGI models with a (mean, noise) output pair per target; model files may have it."""
 
 
@@ -67,7 +76,8 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
     if (config.heteroscedastic and config.model in TAGI_MODELS
             and config.model not in HETEROSCEDASTIC_TAGI_MODELS):
         raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
-                          f"tagi-mlp or your own model file have it, {config.model} does not")
+                          f"tagi-mlp, tagi-lstm or your own model file have it, "
+                          f"{config.model} does not")
     num_targets = None if classification else split.output_dim
     if is_model_file(config.model):
         built = load_user_model(config.model, split.input_shape, task=split.task,
@@ -92,8 +102,11 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
 
 
 def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
-    """The builder's options, with the number of series of an embedded series id."""
+    """The builder's options, with the values per time step of a series with covariates and
+    the number of series of an embedded series id."""
     options = config.builder_options()
+    if split.series is not None:
+        options = dataclasses.replace(options, num_features=split.series.num_features)
     if not config.series_embedding:
         return options
     if split.series is None or not split.series.with_ids:
@@ -113,14 +126,27 @@ def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
                           f"--heteroscedastic are for TAGI models")
 
 
+@dataclasses.dataclass(frozen=True)
+class RunLength:
+    """What a learning-rate schedule is laid over: the global batch and the epochs."""
+
+    batch_size: int
+    epochs: int
+
+
 def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, split: Split, *,
-                   seed: int, dataset: str | None = None) -> TagiLearner | TorchLearner:
-    """The learner for `split`: TAGI's for a TAGI network, the torch learner for a module."""
+                   seed: int, dataset: str | None = None, run: RunLength | None = None
+                   ) -> TagiLearner | TorchLearner:
+    """The learner for `split`: TAGI's for a TAGI network, the torch learner for a module.
+    `run`: the global batch and epochs, which a schedule, a warmup or lr scaling need."""
     model, kind = create_model(model_config, split, seed=seed, dataset=dataset)
     if kind == "tagi":
+        refuse_torch_options(learner_config, model_config.model)
         return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
     _refuse_missing_targets(split, model_config.model, dataset or split.name)
-    return torch_learner(model, learner_config, split.task, model_config.precision)
+    schedule = lr_schedule(learner_config, len(split.train), run)
+    return torch_learner(model, learner_config, split.task, model_config.precision,
+                         schedule=schedule)
 
 
 def _refuse_missing_targets(split: Split, model: str, dataset: str) -> None:
@@ -148,19 +174,76 @@ def tagi_learner(model: Any, config: LearnerConfig, split: Split,
 
 
 def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
-                  precision: str = "32") -> TorchLearner:
-    """A torch module's learner: the task's loss, Adam, and BatchNorm over the global batch
-    when the model has BatchNorm (each rank's share alone would be a smaller batch than the
-    one the model is trained for)."""
-    return TorchLearner(model, task_loss(task), adam(config.lr), precision=precision,
-                        strategy=config.strategy,
+                  precision: str = "32", *, schedule: LrSchedule | None = None) -> TorchLearner:
+    """A torch module's learner: the task's loss, the optimizer with its decay groups, the
+    schedule, and BatchNorm over the global batch when the model has BatchNorm (each rank's
+    share alone would be a smaller batch than the one the model is trained for)."""
+    if config.label_smoothing and task != "classification":
+        raise ConfigError(f"label-smoothing is for classification; this dataset is a {task} "
+                          f"task")
+    optimizer = OptimizerSpec(name=config.optimizer,
+                              lr=schedule.peak if schedule is not None else config.lr,
+                              momentum=config.momentum, nesterov=config.nesterov,
+                              weight_decay=config.weight_decay,
+                              decay_norm_and_bias=config.decay_norm_and_bias)
+    return TorchLearner(model, task_loss(task, config.label_smoothing), optimizer,
+                        precision=precision, strategy=config.strategy,
                         accumulation_steps=config.accumulation_steps,
-                        sync_batchnorm=has_batchnorm(model))
+                        sync_batchnorm=has_batchnorm(model),
+                        max_grad_norm=config.clip_grad_norm or None, lr_schedule=schedule,
+                        ema_decay=config.ema, ema_every=config.ema_every)
 
 
-def task_loss(task: str) -> nn.Module:
-    """Cross-entropy on class labels, mean squared error on regression targets."""
-    return nn.CrossEntropyLoss() if task == "classification" else nn.MSELoss()
+def steps_per_epoch(num_train: int, batch_size: int) -> int:
+    """Optimizer steps of one epoch of a torch learner: its last global batch is padded to
+    equal shards, so the same number on any world size."""
+    return math.ceil(num_train / batch_size)
+
+
+def peak_lr(config: LearnerConfig, batch_size: int) -> float:
+    """The learning rate the schedule peaks at: lr scaled from lr-batch to `batch_size`."""
+    return scaled_lr(config.lr, batch_size, config.lr_batch, config.lr_scaling)
+
+
+def lr_schedule(config: LearnerConfig, num_train: int, run: RunLength | None
+                ) -> LrSchedule | None:
+    """The run's schedule over its optimizer steps; None when the rate stays `lr` throughout
+    (the optimizer keeps the rate it was built with, as before schedules existed). Every
+    inconsistency with the run's length is a one-line ConfigError."""
+    fixed = config.schedule == "constant" and not config.warmup and config.lr_scaling == "none"
+    if fixed:
+        return None
+    if run is None:
+        raise ConfigError("a learning-rate schedule, warmup or lr scaling needs the run's "
+                          "global batch and epochs (create_learner(..., run=RunLength(...)))")
+    per_epoch = steps_per_epoch(num_train, run.batch_size)
+    total = per_epoch * run.epochs
+
+    def steps(value: float) -> int:
+        return round(value * per_epoch) if config.schedule_unit == "epochs" else round(value)
+
+    unit = config.schedule_unit
+    if config.warmup and steps(config.warmup) >= total:
+        raise ConfigError(f"warmup {config.warmup:g} {unit} is as long as the run or longer "
+                          f"({run.epochs} epochs of {per_epoch} steps = {total} steps)")
+    marks = milestones(config)
+    if marks and steps(marks[-1]) >= total:
+        raise ConfigError(f"milestones: {marks[-1]:g} {unit} is at or past the end of the run "
+                          f"({run.epochs} epochs of {per_epoch} steps = {total} steps)")
+    return LrSchedule(peak=peak_lr(config, run.batch_size), total_steps=total,
+                      kind=config.schedule, warmup_steps=steps(config.warmup),
+                      warmup_start=config.warmup_start, min_lr=config.min_lr,
+                      step_size=steps(config.lr_step_size) if config.schedule == "step" else 0,
+                      milestones=tuple(steps(m) for m in marks), decay=config.lr_decay,
+                      wsd_decay=config.wsd_decay)
+
+
+def task_loss(task: str, label_smoothing: float = 0.0) -> nn.Module:
+    """Cross-entropy on class labels (with label smoothing ε: against (1 - ε) one-hot + ε / K),
+    mean squared error on regression targets."""
+    if task == "classification":
+        return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    return nn.MSELoss()
 
 
 def adam(lr: float) -> OptimizerFactory:

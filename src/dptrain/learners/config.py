@@ -18,9 +18,11 @@ import torch
 
 from dptrain.errors import ConfigError
 from dptrain.learners.models import MODELS, TAGI_MODELS, TORCH_MODELS, ModelOptions
+from dptrain.learners.optim import check_optimizer
+from dptrain.learners.schedule import LR_SCALINGS, SCHEDULES
 from dptrain.learners.tagi_learner import check_sigma_v_schedule
 from dptrain.learners.user_model import is_model_file
-from dptrain.options import bad_value, check_at_least, cli, resumable
+from dptrain.options import bad_value, check_at_least, cli, flag, resumable
 
 PRECISIONS = ("32", "64", "bf16", "fp16")
 
@@ -116,7 +118,71 @@ class LearnerConfig:
     epoch the one that scored that epoch's training labels better (docs/tagi.md,
     Calibration)."""
     lr: float = 3e-3
-    """Learning rate of the torch models' optimiser (Adam)."""
+    """Torch models: the peak learning rate, for a global batch of lr-batch when lr-scaling
+    is linear or sqrt (the rate used is then printed at start and kept in the run's record)."""
+    lr_batch: int = 256
+    """Torch models: the global batch that lr is given for (lr-scaling linear or sqrt)."""
+    lr_scaling: Literal["none", "linear", "sqrt"] = field(default="none",
+                                                          metadata=cli(choices=True))
+    """Torch models: the peak learning rate at batch-size is lr x (batch-size / lr-batch)
+    (linear, Goyal et al. 2017), lr x sqrt(batch-size / lr-batch) (sqrt), or lr (none)."""
+    optimizer: Literal["adam", "adamw", "sgd", "lars"] = field(default="adam",
+                                                             metadata=cli(choices=True))
+    """Torch models: adam, adamw (decoupled weight decay), sgd, or lars (layer-wise rates for
+    large batches, You et al. 2017)."""
+    momentum: float = 0.0
+    """Torch models, sgd and lars: momentum (torchvision's recipes: 0.9)."""
+    nesterov: bool = False
+    """Torch models, sgd and lars: Nesterov momentum."""
+    weight_decay: float = 0.0
+    """Torch models: weight decay (adamw: decoupled; others: L2 on the gradient); not on
+    normalisation weights and biases unless decay-norm-and-bias."""
+    decay_norm_and_bias: bool = False
+    """Torch models: decay normalisation layers' weights and all biases too (torch's default;
+    off: torchvision's recipes' rule)."""
+    clip_grad_norm: float = 0.0
+    """Torch models: clip the global gradient norm to this before each step (0: no clipping);
+    the pre-clip norm is reported as train_grad_norm."""
+    schedule: Literal["constant", "step", "multistep", "cosine", "linear", "wsd"] = field(
+        default="constant", metadata=cli(choices=True))
+    """Torch models: the learning rate after warmup, a function of the global optimizer step:
+    constant; step (x lr-decay every lr-step-size); multistep (x lr-decay at each milestone);
+    cosine or linear (to min-lr at the end); wsd (warmup-stable-decay: constant, then linear to
+    min-lr over the last wsd-decay share)."""
+    schedule_unit: Literal["epochs", "steps"] = field(default="epochs",
+                                                      metadata=cli(choices=True))
+    """Torch models: the unit of warmup, lr-step-size and milestones (epochs may be
+    fractional; they count in optimizer steps of the global batch)."""
+    warmup: float = 0.0
+    """Torch models: linear warmup length (schedule-unit), from warmup-start x the peak."""
+    warmup_start: float = 0.01
+    """Torch models: the warmup's first learning rate as a fraction of the peak."""
+    min_lr: float = 0.0
+    """Torch models: where cosine, linear and wsd end (an absolute learning rate)."""
+    lr_step_size: float = 30.0
+    """Torch models, schedule step: decay every this many (schedule-unit)."""
+    lr_decay: float = 0.1
+    """Torch models, schedule step and multistep: the factor of each decay."""
+    milestones: str = ""
+    """Torch models, schedule multistep: where the rate decays, increasing, comma-separated
+    (schedule-unit; e.g. 30,60,80)."""
+    wsd_decay: float = 0.2
+    """Torch models, schedule wsd: the share of the steps after warmup spent decaying."""
+    label_smoothing: float = 0.0
+    """Torch classification: cross-entropy against (1 - e) x one-hot + e / classes."""
+    ema: float = 0.0
+    """Torch models: keep an exponential moving average of the weights with this decay per
+    update (0: none; torchvision's ResNet-50 recipe in these terms: 0.99891 every 32 steps);
+    evaluated beside the live model (test_ema_* columns), checkpointed, and the model that
+    monitor, best/ and load_run use."""
+    ema_every: int = 1
+    """Torch models: update the EMA every this many optimizer steps."""
+    mixup: float = 0.0
+    """Torch classification: mixup with weights ~ Beta(alpha, alpha), alpha this (0: off;
+    torchvision's ResNet-50 recipe: 0.2); each sample's partner from the same global batch."""
+    cutmix: float = 0.0
+    """Torch classification on images: cutmix with Beta(alpha, alpha), alpha this (0: off;
+    torchvision's: 1.0); with mixup too, each sample takes one of the two, half each."""
     strategy: Literal["ddp", "fsdp"] = field(default="ddp", metadata=cli(choices=True))
     """Torch models: ddp (replicated) or fsdp (FSDP2 fully_shard, sharded checkpoints)."""
     accumulation_steps: int = 1
@@ -129,5 +195,60 @@ class LearnerConfig:
             raise bad_value(self, "hrc_link", "auto, mean or probit")
         check_at_least(self, ("accumulation_steps",), 1)
         check_sigma_v_schedule(self.sigma_v, self.sigma_v_min, self.sigma_v_decay)
-        if self.lr <= 0:
+        if not self.lr > 0:
             raise bad_value(self, "lr", "a learning rate > 0")
+        check_torch_options(self)
+
+
+TORCH_ONLY = ("lr_scaling", "optimizer", "momentum", "nesterov", "weight_decay",
+              "decay_norm_and_bias", "clip_grad_norm", "schedule", "warmup", "min_lr",
+              "milestones", "label_smoothing", "ema", "mixup", "cutmix")
+"""Learner options a TAGI model has no use for (it has no learning rate); given one, a TAGI
+run is refused rather than trained without it."""
+
+
+def check_torch_options(config: LearnerConfig) -> None:
+    """The torch options that need no data to check, one line each."""
+    check_optimizer(config.optimizer, config.momentum, config.nesterov, config.weight_decay)
+    if config.lr_scaling not in LR_SCALINGS:
+        raise bad_value(config, "lr_scaling", ", ".join(LR_SCALINGS))
+    if config.schedule not in SCHEDULES:
+        raise bad_value(config, "schedule", ", ".join(SCHEDULES))
+    if config.schedule_unit not in ("epochs", "steps"):
+        raise bad_value(config, "schedule_unit", "epochs or steps")
+    check_at_least(config, ("lr_batch", "ema_every"), 1)
+    for name in ("warmup", "min_lr", "clip_grad_norm"):
+        if not getattr(config, name) >= 0:
+            raise bad_value(config, name, "a value >= 0")
+    if not 0.0 <= config.label_smoothing < 1.0:
+        raise bad_value(config, "label_smoothing", "a value in [0, 1)")
+    if not 0.0 <= config.ema < 1.0:
+        raise bad_value(config, "ema", "a decay in [0, 1) (0: no EMA)")
+    for name in ("mixup", "cutmix"):
+        if not getattr(config, name) >= 0:
+            raise bad_value(config, name, "an alpha >= 0 (0: off)")
+    milestones(config)
+
+
+def milestones(config: LearnerConfig) -> tuple[float, ...]:
+    """The milestones as numbers (schedule-unit); one line if they do not parse."""
+    if not config.milestones.strip():
+        return ()
+    try:
+        return tuple(float(m) for m in config.milestones.split(","))
+    except ValueError:
+        raise bad_value(config, "milestones", "comma-separated numbers, e.g. 30,60,80") \
+            from None
+
+
+def refuse_torch_options(config: LearnerConfig, model: str) -> None:
+    """A TAGI model given a gradient learner's option: one line naming its own knobs."""
+    given = [f"--{flag(name)}" for name in TORCH_ONLY
+             if getattr(config, name) != getattr(DEFAULT_LEARNER, name)]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: for torch models; {model} is a TAGI model, "
+                          f"which has no learning rate or optimizer: its update is set by "
+                          f"--sigma-v, --sigma-v-min and --sigma-v-decay")
+
+
+DEFAULT_LEARNER = LearnerConfig()

@@ -66,12 +66,16 @@ class ModelOptions:
     dtype: torch.dtype = torch.float32
     """TAGI: float32 or float64."""
     heteroscedastic: bool = False
-    """TAGI regression (tagi-mlp): 2 outputs per target, (mean, noise) pairs through EvenExp."""
+    """TAGI regression (tagi-mlp, tagi-lstm): 2 outputs per target, (mean, noise) pairs through
+    EvenExp."""
     series_embedding: int = 0
     """tagi-lstm: width of an Embedding of the series id, which then follows each window's
     values in the input (0: no id)."""
     num_series: int = 0
     """tagi-lstm with series_embedding: how many series (rows of the embedding table)."""
+    num_features: int = 1
+    """tagi-lstm on flat windows: values per time step (a series' value and its known
+    covariates), so that a flat input of L · num_features values is L steps."""
 
 
 @dataclass(frozen=True)
@@ -152,11 +156,20 @@ def tagi_lstm(input_shape: tuple[int, ...], num_outputs: int, options: ModelOpti
     if options.series_embedding:
         return _tagi_lstm_with_embedding(input_shape, num_outputs, options)
     seq_len, features = input_shape[0], (input_shape[1] if len(input_shape) == 2 else 1)
-    gw, gb = _gains(options)
+    if len(input_shape) == 1 and options.num_features > 1:
+        seq_len, features = input_shape[0] // options.num_features, options.num_features
     return Sequential(*_lstm_pair(features, seq_len, options),
-                      Linear(options.hidden * seq_len, num_outputs, gain_weight=gw,
-                             gain_bias=gb),
+                      *_head(options.hidden * seq_len, num_outputs, options),
                       dtype=options.dtype)
+
+
+def _head(width: int, num_outputs: int, options: ModelOptions) -> list:
+    """The Linear head; heteroscedastic: a (mean, noise) pair per output through EvenExp,
+    the noise variance learned per input by AGVI (docs/tagi.md)."""
+    gw, gb = _gains(options)
+    if options.heteroscedastic:
+        return [Linear(width, 2 * num_outputs, gain_weight=gw, gain_bias=gb), EvenExp()]
+    return [Linear(width, num_outputs, gain_weight=gw, gain_bias=gb)]
 
 
 def _lstm_pair(features: int, seq_len: int, options: ModelOptions) -> list[LSTM]:
@@ -172,14 +185,13 @@ def _tagi_lstm_with_embedding(input_shape: tuple[int, ...], num_outputs: int,
                           f"by their series id, (lookback + 1,), of num_series >= 1 series; "
                           f"got inputs {tuple(input_shape)} and num_series "
                           f"{options.num_series}")
-    seq_len, width = input_shape[0] - 1, options.series_embedding
-    gw, gb = _gains(options)
+    features = options.num_features
+    seq_len, width = (input_shape[0] - 1) // features, options.series_embedding
     # The Embedding's own scale, not the gains: its rows are the whole signal it passes on.
     ids = Embedding(options.num_series, width)
-    return Sequential(Parallel(LayerBlock(*_lstm_pair(1, seq_len, options)), ids,
-                               input_sizes=(seq_len, 1)),
-                      Linear(options.hidden * seq_len + width, num_outputs, gain_weight=gw,
-                             gain_bias=gb),
+    return Sequential(Parallel(LayerBlock(*_lstm_pair(features, seq_len, options)), ids,
+                               input_sizes=(seq_len * features, 1)),
+                      *_head(options.hidden * seq_len + width, num_outputs, options),
                       dtype=options.dtype)
 
 
@@ -423,7 +435,10 @@ def torch_resnet50(input_shape: tuple[int, ...], num_outputs: int, options: Mode
 
 # ------------------------------------------------------------------------------ the registry
 _RESNET_DEFAULTS = {"batch_size": 64, "sigma_v": 0.05, "gain": 0.083}
-_LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1}
+# heteroscedastic: the observation noise is learned per input (AGVI), so that forecast
+# intervals are calibrated on data whose noise no one knows (docs/forecasting.md); sigma_v
+# serves the --no-heteroscedastic network
+_LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1, "heteroscedastic": True}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
     ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "

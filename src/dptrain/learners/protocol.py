@@ -51,6 +51,11 @@ class Learner(Protocol):
     def train_step(self, batch: Batch) -> Metrics:
         """One optimizer step on this rank's share of the global batch; collective."""
 
+    def step_scalars(self) -> dict[str, float]:
+        """After `train_step`: values of that step to log as they are, not summed over
+        samples or ranks (the learning rate it applied, the same on every rank); {} if none.
+        TensorBoard gets each step's, epochs.csv the last step's of each epoch."""
+
     def eval_step(self, batch: Batch) -> Metrics:
         """Metrics of the current model on a batch; changes nothing; local unless
         `eval_is_collective`."""

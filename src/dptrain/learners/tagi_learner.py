@@ -147,6 +147,10 @@ class TagiLearner:
         s = self.schedule
         return max(s["sigma_v_min"], s["sigma_v"] * s["sigma_v_decay"] ** epoch)
 
+    def step_scalars(self) -> dict[str, float]:
+        """TAGI has no learning rate; σ_v changes per epoch and is in the run's record."""
+        return {}
+
     def set_epoch(self, epoch: int) -> None:
         """Called by the Trainer before each epoch: σ_v follows the schedule."""
         self.epoch = epoch

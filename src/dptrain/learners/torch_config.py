@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dptrain.errors import ConfigError
+from dptrain.learners.schedule import LrSchedule
 
 Strategy = Literal["ddp", "fsdp"]
 Precision = Literal["32", "bf16", "fp16"]
@@ -45,6 +46,16 @@ class TorchLearnerConfig:
     task: Task = "auto"
     """Which metric train/eval steps report: "classification" -> argmax error, "regression" ->
     squared error; "auto" decides from the loss (CrossEntropy/NLL vs MSE/L1/Huber)."""
+    lr_schedule: LrSchedule | None = None
+    """The learning rate of every optimizer step, a function of the step alone: before each
+    step each parameter group's rate is set to `lr_schedule.lr(step)` times the group's share
+    of the optimizer's first group's initial rate. None: the optimizer's rates are left alone
+    (a `scheduler_factory` may change them)."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights with this decay per update (0: none);
+    it is evaluated beside the live model (metrics `ema_*`) and checkpointed with it."""
+    ema_every: int = 1
+    """Update the average after every this many optimizer steps."""
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -62,6 +73,16 @@ class TorchLearnerConfig:
                                  or not math.isfinite(norm) or norm <= 0):
             raise ConfigError(f"TorchLearnerConfig.max_grad_norm must be a finite number > 0 or "
                               f"None, got {norm!r}")
+        if self.lr_schedule is not None and not isinstance(self.lr_schedule, LrSchedule):
+            raise ConfigError(f"TorchLearnerConfig.lr_schedule must be an LrSchedule or None, "
+                              f"got {type(self.lr_schedule).__name__}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"TorchLearnerConfig.ema_decay must be in [0, 1) (0: no EMA), "
+                              f"got {self.ema_decay!r}")
+        every = self.ema_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"TorchLearnerConfig.ema_every must be an integer >= 1, "
+                              f"got {every!r}")
 
 
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

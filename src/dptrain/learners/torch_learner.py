@@ -32,7 +32,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,11 @@ from dptrain.dist import (
     release_before_shutdown,
 )
 from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
+from dptrain.fingerprint import params_sha256
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
 from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
+from dptrain.learners.ema import WeightEma
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.learners.torch_config import (
     FP16_DEVICE_TYPES,
@@ -69,6 +71,7 @@ from dptrain.learners.torch_config import (
     TorchLearnerConfig,
     resolve_task,
 )
+from dptrain.learners.schedule import LrSchedule
 
 _GLOBAL_BATCHNORMS = (nn.SyncBatchNorm, AllReduceBatchNorm)
 # torch 2.13 renamed DDP's broadcast_buffers to forward_sync_buffers (the old name warns).
@@ -92,8 +95,11 @@ class TorchLearner:
             default reduction); the learner reports its sum over samples.
         optimizer_factory: called with the parameters after wrapping, e.g.
             `functools.partial(torch.optim.AdamW, lr=1e-3)`. FSDP needs it this late: it
-            replaces parameters with sharded DTensors.
-        scheduler_factory: called with the optimizer; stepped once per optimizer step.
+            replaces parameters with sharded DTensors. A factory with a `for_module` method
+            (`dptrain.learners.optim.OptimizerSpec`) is called with the module instead, to
+            build parameter groups.
+        scheduler_factory: called with the optimizer; stepped once per optimizer step. Not
+            together with `lr_schedule`, which sets the rate itself.
         Remaining keywords: the fields of `TorchLearnerConfig`.
 
     Collective calls (every rank, same order): `setup`, `train_step`, `save_sharded`,
@@ -114,14 +120,19 @@ class TorchLearner:
                  scheduler_factory: SchedulerFactory | None = None, strategy: Strategy = "ddp",
                  sync_batchnorm: bool = False, accumulation_steps: int = 1,
                  precision: Precision = "32", max_grad_norm: float | None = None,
-                 task: Task = "auto") -> None:
+                 task: Task = "auto", lr_schedule: LrSchedule | None = None,
+                 ema_decay: float = 0.0, ema_every: int = 1) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn) or not callable(optimizer_factory):
             raise TypeError("loss_fn and optimizer_factory must be callable")
         self.config = TorchLearnerConfig(
             strategy=strategy, sync_batchnorm=sync_batchnorm, precision=precision,
-            accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, task=task)
+            accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, task=task,
+            lr_schedule=lr_schedule, ema_decay=ema_decay, ema_every=ema_every)
+        if lr_schedule is not None and scheduler_factory is not None:
+            raise ConfigError("TorchLearner: give lr_schedule or scheduler_factory, not both "
+                              "(each would set the learning rate)")
         self.task = resolve_task(loss_fn, self.config.task)
         self.loss_fn = loss_fn
         self._module = model
@@ -134,6 +145,10 @@ class TorchLearner:
         self.scaler: torch.amp.GradScaler | None = None
         self.device = torch.device("cpu")
         self.num_optimizer_steps = 0
+        self.ema: WeightEma | None = None
+        self.last_lr: float | None = None
+        """The learning rate (first parameter group) of the last optimizer step."""
+        self._peak_lrs: list[float] = []
         self._distributed = False
         self._replicated_buffers: list[torch.Tensor] = []
         self._last_grad_at = 0.0
@@ -144,8 +159,9 @@ class TorchLearner:
                                                              torch.Tensor],
                     optimizer_factory: OptimizerFactory, config: TorchLearnerConfig, *,
                     scheduler_factory: SchedulerFactory | None = None) -> TorchLearner:
+        # Not asdict: it would turn the schedule into a dict.
         return cls(model, loss_fn, optimizer_factory, scheduler_factory=scheduler_factory,
-                   **asdict(config))
+                   **{f.name: getattr(config, f.name) for f in fields(config)})
 
     @property
     def is_sharded(self) -> bool:
@@ -201,11 +217,21 @@ class TorchLearner:
                                     for b in m.buffers(recurse=False)]
         # Frozen parameters (requires_grad False: --freeze) stay out of the optimizer, as they
         # stay out of DDP's and FSDP's gradient reduction.
-        self.optimizer = self._optimizer_factory(
-            [p for p in self._wrapped.parameters() if p.requires_grad])
+        factory = self._optimizer_factory
+        self.optimizer = factory.for_module(module) if hasattr(factory, "for_module") \
+            else factory([p for p in self._wrapped.parameters() if p.requires_grad])
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer_factory must return a torch.optim.Optimizer, got "
                             f"{type(self.optimizer).__name__}")
+        # Each group's share of the schedule's rate, from the rates the optimizer was built
+        # with (a checkpoint's groups carry the rate of its last step, not these).
+        first = self.optimizer.param_groups[0]["lr"]
+        self._peak_lrs = [g["lr"] / first if first else 1.0
+                          for g in self.optimizer.param_groups]
+        if self.config.ema_decay:
+            # After wrapping: the replicas are rank 0's by now, so the averages start equal.
+            self.ema = WeightEma(module, decay=self.config.ema_decay,
+                                 every=self.config.ema_every)
         if self._scheduler_factory is not None:
             self.scheduler = self._scheduler_factory(self.optimizer)
         if self.config.precision == "fp16":
@@ -255,7 +281,11 @@ class TorchLearner:
     # -- steps --------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Nothing here depends on the epoch (a scheduler steps per optimizer step)."""
+        """Nothing here depends on the epoch (a schedule is a function of the step)."""
+
+    def step_scalars(self) -> dict[str, float]:
+        """The learning rate of the last optimizer step (first parameter group)."""
+        return {} if self.last_lr is None else {"lr": self.last_lr}
 
     def train_step(self, batch: Batch) -> Metrics:
         """One optimizer step on this rank's share of the batch, split into k micro-batches.
@@ -326,6 +356,15 @@ class TorchLearner:
         """
         self._require_setup()
         x, y = self._to_device(_check_batch(batch, allow_empty=True))
+        metrics = self._evaluate(x, y)
+        if self.ema is not None:
+            with self.ema.swapped_in(self._module):
+                averaged = self._evaluate(x, y)
+            metrics.update({f"ema_{name}": averaged[name] for name in ("loss", "error", "mse")
+                            if name in averaged})
+        return metrics
+
+    def _evaluate(self, x: torch.Tensor, y: torch.Tensor) -> Metrics:
         n = x.shape[0]
         if n == 0 and not self.eval_is_collective:
             return self._eval_metrics(0.0, 0.0, 0, y, None)
@@ -334,8 +373,17 @@ class TorchLearner:
             out = self._module(x)  # never through DDP: its forward may communicate
             if n == 0:
                 return self._eval_metrics(0.0, 0.0, 0, y, None)
-            loss_sum, metric_sum = self._batch_stats(out, self._loss(out, y), y).tolist()
+            loss_sum, metric_sum = self._batch_stats(out, self._eval_loss(out, y), y).tolist()
         return self._eval_metrics(loss_sum, metric_sum, n, y, out)
+
+    def _eval_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss evaluated: the training loss without label smoothing, whose floor is not
+        zero and would make a better model look worse next to another ε."""
+        if isinstance(self.loss_fn, nn.CrossEntropyLoss) and self.loss_fn.label_smoothing:
+            self._check_regression_shapes(out, y)
+            return torch.nn.functional.cross_entropy(out, y, weight=self.loss_fn.weight,
+                                                     ignore_index=self.loss_fn.ignore_index)
+        return self._loss(out, y)
 
     def _eval_metrics(self, loss_sum: float, metric_sum: float, n: int, y: torch.Tensor,
                       out: torch.Tensor | None) -> Metrics:
@@ -368,10 +416,13 @@ class TorchLearner:
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self._check_regression_shapes(out, y)
+        return self.loss_fn(out, y)
+
+    def _check_regression_shapes(self, out: torch.Tensor, y: torch.Tensor) -> None:
         if self.task == "regression" and out.shape != y.shape:
             raise ValueError(f"regression: model output {tuple(out.shape)} and targets "
                              f"{tuple(y.shape)} differ in shape; the loss would broadcast them")
-        return self.loss_fn(out, y)
 
     def _grad_ready(self, param: torch.Tensor) -> None:
         self._last_grad_at = time.perf_counter()
@@ -406,6 +457,7 @@ class TorchLearner:
             total = torch.nn.utils.clip_grad_norm_(self._wrapped.parameters(),
                                                    self.config.max_grad_norm)
             norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+        self._apply_lr()
         stepped = True
         if self.scaler is not None:
             scale = self.scaler.get_scale()
@@ -418,7 +470,20 @@ class TorchLearner:
             self.scheduler.step()
         self.num_optimizer_steps += 1
         self._sync_buffers()
+        if self.ema is not None:
+            self.ema.update(self._module, self.num_optimizer_steps)
         return norm
+
+    def _apply_lr(self) -> None:
+        """Set the rate of this step from the schedule (a function of the step count alone,
+        which checkpoints hold), so a resumed or resized run applies the same rate."""
+        groups = self.optimizer.param_groups
+        if self.config.lr_schedule is not None:
+            rate = self.config.lr_schedule.lr(self.num_optimizer_steps)
+            for group, share in zip(groups, self._peak_lrs):
+                group["lr"] = rate * share
+        lr = groups[0]["lr"]
+        self.last_lr = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
 
     def _sync_buffers(self) -> None:
         """Rank 0's buffers everywhere (plain BatchNorm running stats, ...), so replicas stay
@@ -457,8 +522,19 @@ class TorchLearner:
             model, optim, initialized = self._dcp_state(full=True)
         else:
             model, optim, initialized = self._module.state_dict(), self.optimizer.state_dict(), True
-        return {"format": STATE_FORMAT, "strategy": self.config.strategy, "model": model,
-                "optimizer": optim, "extra": self._extra_state(initialized)}
+        state = {"format": STATE_FORMAT, "strategy": self.config.strategy, "model": model,
+                 "optimizer": optim, "extra": self._extra_state(initialized)}
+        if self.ema is not None:
+            state["ema"] = self.ema_state_dict()
+        return state
+
+    def ema_state_dict(self) -> dict[str, torch.Tensor]:
+        """The averaged weights, whole tensors under the plain module's names, loadable like
+        `model_state_dict()`'s; FSDP: collective (gathers)."""
+        if self.ema is None:
+            raise RuntimeError("this learner keeps no EMA (ema_decay=0)")
+        return {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+                .to("cpu", copy=True) for name, t in self.ema.state.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (every rank, after `setup`). A `module.` prefix on
@@ -479,10 +555,27 @@ class TorchLearner:
             else:
                 self._module.load_state_dict(model)
                 self.optimizer.load_state_dict(state["optimizer"])
+            self._load_ema(state.get("ema"), whole=True)
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"learner state does not fit this model/optimizer: {err}") \
                 from err
         self._load_extra_state(state["extra"])
+
+    def _load_ema(self, saved: dict[str, torch.Tensor] | None, *, whole: bool) -> None:
+        if (saved is None) != (self.ema is None):
+            raise CheckpointError(f"checkpoint {'has' if saved is not None else 'lacks'} EMA "
+                                  f"weights but this learner "
+                                  f"{'keeps none' if self.ema is None else 'keeps them'} "
+                                  f"(ema_decay)")
+        if self.ema is None:
+            return
+        if whole and self.is_sharded:  # whole tensors into this rank's shards
+            from torch.distributed.tensor import DTensor, distribute_tensor
+            saved = {name: distribute_tensor(saved[name].to(t.device), t.device_mesh,
+                                             t.placements)
+                     if isinstance(t, DTensor) else saved[name]
+                     for name, t in self.ema.state.items() if name in saved}
+        self.ema.load(saved)
 
     def save_sharded(self, path: str | os.PathLike) -> None:
         """Write a torch.distributed.checkpoint (DCP) directory: each rank writes its own shards.
@@ -493,6 +586,8 @@ class TorchLearner:
 
         model, optim, initialized = self._dcp_state(full=False)
         state = {"model": model, "optimizer": optim, "extra": self._extra_state(initialized)}
+        if self.ema is not None:
+            state["ema"] = self.ema.state  # each rank its shards, resharded on load
         _run_dcp(dcp.save, state, path)
 
     def load_sharded(self, path: str | os.PathLike) -> None:
@@ -505,6 +600,8 @@ class TorchLearner:
             raise CheckpointError(f"{path}: not a sharded checkpoint (no .metadata file)")
         model, optim, _ = self._dcp_state(full=False)
         state = {"model": model, "optimizer": optim, "extra": self._extra_state(True)}
+        if self.ema is not None:
+            state["ema"] = self.ema.state  # loaded in place
         try:
             _run_dcp(dcp.load, state, path)
             set_state_dict(self._module, self.optimizer, model_state_dict=state["model"],
@@ -582,8 +679,12 @@ class TorchLearner:
         return {"sharded_checkpoint": self.is_sharded}
 
     def report(self, out_dir: Path | None, split: Any) -> dict[str, Any]:
-        """The calibration bins (classification); rank 0 draws reliability.png."""
-        return calibration.report(out_dir, self.calibration)
+        """The calibration bins (classification), rank 0 draws reliability.png; with EMA the
+        averaged weights' fingerprint (`ema_sha256`, collective under FSDP)."""
+        out = calibration.report(out_dir, self.calibration)
+        if self.ema is not None:
+            out["ema_sha256"] = params_sha256(self.ema_state_dict())
+        return out
 
 
 def _drop_wrapper(learner_ref: weakref.ref) -> None:

@@ -32,10 +32,13 @@ splits its prediction into mean, epistemic and aleatoric variance. `net.state_di
 `"<layer>.mu_w"`, `".var_w"`, `".mu_b"`, `".var_b"`, and BatchNorm's running statistics
 `"<layer>.mu_ra"`, `".var_ra"`, `".num_batches_tracked"` (state, not parameters; layers inside
 blocks are `"<i>.<j>…"`, `"<i>.main.<j>…"`, `"<i>.short.<j>…"`); `net.save(path)` /
-`net.load(path)` store plain tensors only. Data parallel: `dptrain.tagi.ddp.DDPSequential`
-(the only part that needs a process group, so it is imported from there) wraps a network with
-pytagi's surface; a wrapper of your own uses `named_delta_tensors()` (or `flat_deltas`),
-`flat_state` and `cap_batch_size` (see `Sequential`).
+`net.load(path)` store plain tensors only. Data parallel: `DDPSequential` and `DDPConfig`
+(`from dptrain.tagi import DDPSequential, DDPConfig`, pytagi's line; they live in
+`dptrain.tagi.ddp`, the only part that needs a process group, which is imported on first use
+of either name, not by `import dptrain.tagi`) wrap a network with pytagi's surface; here
+`DDPSequential` sums the ranks' deltas by default (`average=True` for pytagi's mean). A wrapper
+of your own uses `named_delta_tensors()` (or `flat_deltas`), `flat_state` and `cap_batch_size`
+(see `Sequential`).
 
 Image networks take NCHW states, e.g. pytagi's MNIST CNN::
 
@@ -74,6 +77,8 @@ Classification heads with one-hot observations (`updater.update`) end in `Remax`
 
 from __future__ import annotations
 
+import importlib
+
 from dptrain.tagi._rng import manual_seed
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
@@ -95,12 +100,31 @@ from dptrain.tagi.slstm import SLSTM, SLinear
 from dptrain.tagi.softmax import ClosedFormSoftmax, Softmax
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
+_LAZY = {"DDPSequential": "dptrain.tagi.ddp", "DDPConfig": "dptrain.tagi.ddp"}
+"""Names served on first use (PEP 562): importing their module starts the process-group code
+(`dptrain.dist`), which layers and single-process users never need."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "AvgPool2d",
     "BatchNorm2d",
     "ClosedFormSoftmax",
     "Conv2d",
     "ConvTranspose2d",
+    "DDPConfig",
+    "DDPSequential",
     "DeltaStates",
     "Embedding",
     "EvenExp",

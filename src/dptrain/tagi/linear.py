@@ -52,6 +52,11 @@ class Linear(ParamLayer):
             groups.append(("b", (self.output_size,)))
         return groups
 
+    def input_sample_shape(self) -> tuple[int, ...]:
+        """(I,): a network starting with a Linear also takes pytagi's flat (B·I,) arrays, e.g.
+        the (B,) inputs of a 1-D regression; a flat array that is not whole samples is refused."""
+        return (self.input_size,)
+
     def clear_cache(self) -> None:
         self._mu_a: torch.Tensor | None = None  # (B, I) input mean of the last training forward
         self._mu_a_sq: torch.Tensor | None = None  # (B, I)

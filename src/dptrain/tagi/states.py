@@ -51,3 +51,9 @@ class DeltaStates:
 
     delta_mu: torch.Tensor | None = None  # same shape as the state; None before any update
     delta_var: torch.Tensor | None = None
+
+    def copy_from(self, other: DeltaStates) -> None:
+        """Take `other`'s innovations (pytagi's name): how an encoder receives what the decoder
+        after it sent back to its input."""
+        self.delta_mu, self.delta_var = (None if t is None else t.clone()
+                                         for t in (other.delta_mu, other.delta_var))

@@ -57,16 +57,6 @@ class Checkpoint:
         return torch.load(self.path / "state.pt", map_location="cpu", weights_only=True)
 
 
-def params_sha256(state: dict[str, torch.Tensor]) -> str:
-    """Fingerprint of named tensors (names, dtypes, shapes and bytes), for exact comparisons."""
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -29,6 +29,7 @@ from dptrain.data import Split
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.normalisation import as_record, from_record, renormalised
 from dptrain.errors import CheckpointError, ConfigError
+from dptrain.fingerprint import params_sha256
 from dptrain.options import cli, pick
 from dptrain.train import checkpoint as ckpt
 
@@ -72,7 +73,7 @@ class Source:
 
     @property
     def params_sha256(self) -> str:
-        return ckpt.params_sha256(self.weights)
+        return params_sha256(self.weights)
 
     def record(self) -> dict[str, Any]:
         """The entries the new run's record gets: resuming it from another source is refused."""

@@ -26,6 +26,7 @@ from dptrain import dist as dd
 from dptrain.data import Split
 from dptrain.data.config import NO_VALIDATION, DataConfig, load_split, resolve_workers
 from dptrain.data.loader import fetch_batch
+from dptrain.data.mixing import Mixing
 from dptrain.dist import (
     Runtime,
     broadcast_object,
@@ -38,8 +39,16 @@ from dptrain.dist import (
 from dptrain.dist.env import SINGLE
 from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError, DataError
-from dptrain.learners.build import create_learner, create_model, model_split
-from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.build import (
+    RunLength,
+    create_learner,
+    create_model,
+    lr_schedule,
+    model_split,
+    peak_lr,
+)
+from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
+from dptrain.learners.torch_learner import TorchLearner
 from dptrain.train import init_from
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
@@ -84,9 +93,19 @@ def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
     options = resumed_options(options)
-    split = load_job_split(options)
+    series_log = logging.getLogger("dptrain.data.datasets.series")
+    was_disabled, series_log.disabled = series_log.disabled, True
+    try:  # a left-out or constant series is named once, by the workers' rank 0
+        split = load_job_split(options)
+    finally:
+        series_log.disabled = was_disabled
     model, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
                                dataset=options.dataset)
+    if kind == "tagi":
+        refuse_torch_options(options.part(LearnerConfig), options.model)
+    else:  # the schedule against the run's length (warmup, milestones); mixing and the data
+        lr_schedule(options.part(LearnerConfig), len(split.train), run_length(options))
+        mixing(options, split)
     check_monitor(options, split)
     if options.init_from or options.freeze:  # a bad source or prefix, before workers start
         source = init_from.resolve(options.init_from) if options.init_from else None
@@ -96,13 +115,35 @@ def preflight(options: TrainOptions) -> None:
 
 
 def monitor_of(options: TrainOptions, split: Split) -> str:
-    """The metric that chooses: --monitor, else the validation error or RMSE; the test ones
-    for a run from before validation parts (it has none), as it began."""
+    """The metric that chooses: --monitor, else the validation error or RMSE (its EMA twin
+    with --ema: the averaged model is the one such a run keeps); the test ones for a run from
+    before validation parts (it has none), as it began."""
     if options.monitor:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    return default_monitor(split.task, split.validation is not None)
+    monitor = default_monitor(split.task, split.validation is not None)
+    return ema_metric(monitor) if options.ema and monitor else monitor
+
+
+def mixing(options: TrainOptions, split: Split) -> Mixing | None:
+    """The run's mixup/cutmix, or None; one line where the data cannot take it."""
+    if not (options.mixup or options.cutmix):
+        return None
+    if split.task != "classification":
+        raise ConfigError(f"mixup and cutmix mix class labels; dataset {options.dataset} is a "
+                          f"{split.task} task")
+    if options.cutmix and len(split.input_shape) != 3:
+        raise ConfigError(f"cutmix pastes a box of one image into another; dataset "
+                          f"{options.dataset} has inputs of shape {split.input_shape}, not "
+                          f"(channels, height, width)")
+    return Mixing(mixup=options.mixup, cutmix=options.cutmix, num_classes=split.num_classes,
+                  seed=options.seed)
+
+
+def run_length(options: TrainOptions) -> RunLength:
+    return RunLength(batch_size=options.batch_size, epochs=options.epochs)
+
 
 
 def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
@@ -114,7 +155,7 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     if model.precision == "fp16":  # needs CUDA; the metrics are those of float32
         model = replace(model, precision="32")
     learner = create_learner(model, options.part(LearnerConfig), split, seed=options.seed,
-                             dataset=options.dataset)
+                             dataset=options.dataset, run=run_length(options))
     learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
     # Two samples at least: BatchNorm needs two values per channel to train.
     train = learner.train_step(fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
@@ -144,10 +185,15 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
                           f"{', '.join(names)}")
 
 
-def train_config(options: TrainOptions, split: Split) -> TrainConfig:
-    """The Trainer's config: the options, with the monitored metric the task implies."""
+def train_config(options: TrainOptions, split: Split, *, torch_model: bool = False
+                 ) -> TrainConfig:
+    """The Trainer's config: the options, with the monitored metric the task implies (its EMA
+    twin with --ema); a torch model's peak learning rate in the record."""
     fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
     monitor = monitor_of(options, split)
+    record = dict(vars(options))
+    if torch_model:  # what --lr became at this global batch (--lr-scaling)
+        record["peak_lr"] = peak_lr(options.part(LearnerConfig), options.batch_size)
     return TrainConfig(
         out_dir=Path(options.out), num_epochs=options.epochs,
         global_batch_size=options.batch_size, seed=options.seed,
@@ -155,7 +201,8 @@ def train_config(options: TrainOptions, split: Split) -> TrainConfig:
         resume=options.resume, monitor=monitor,
         monitor_mode="max" if "log_likelihood" in monitor else "min",
         patience=options.patience or None, progress=options.progress,
-        fail_at=FailAt.parse(fail_at) if fail_at else None, record=dict(vars(options)),
+        fail_at=FailAt.parse(fail_at) if fail_at else None, record=record,
+        mixing=mixing(options, split) if torch_model else None,
         run_record=run_record(options),
         workers=resolve_workers(options.part(DataConfig), split, torch.get_num_threads()))
 
@@ -192,8 +239,9 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         split = init_from.source_space(split, source)
     check_same_files(split)
     learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
-                             seed=options.seed, dataset=options.dataset)
-    config = train_config(options, split)
+                             seed=options.seed, dataset=options.dataset,
+                             run=run_length(options))
+    config = train_config(options, split, torch_model=isinstance(learner, TorchLearner))
     if source is not None or options.freeze:
         said = init_from.initialise(*learner_model(learner), source,
                                     options.part(init_from.InitOptions))
@@ -205,6 +253,8 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
                     f"process(es) ({runtime.env.launcher}, {runtime.backend or 'no group'}) "
                     f"on {runtime.device.type}, global batch {options.batch_size}, run "
                     f"directory {options.out}")
+    if "peak_lr" in config.record:
+        rank_zero_print(f"learning rate: {optimizer_line(options, config.record['peak_lr'])}")
     summary = Trainer(learner, split, config, runtime).fit()
     rank_zero_print(f"done: {headline(summary, split.task)} after {summary['final_epoch']} "
                     f"epoch(s), {chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s, "
@@ -220,6 +270,21 @@ def learner_model(learner: Any) -> tuple[Any, str]:
     if hasattr(learner, "module"):
         return learner.module, "torch"
     return learner.model, "tagi"
+
+
+def ema_metric(name: str) -> str:
+    """The EMA model's twin of a metric column: test_error -> test_ema_error."""
+    part, _, metric = name.partition("_")
+    return f"{part}_ema_{metric}"
+
+
+def optimizer_line(options: TrainOptions, peak: float) -> str:
+    """How the learning rate was set, for the job's first lines."""
+    scaled = "" if options.lr_scaling == "none" else \
+        f" ({options.lr:g} at batch {options.lr_batch}, {options.lr_scaling} scaling to batch " \
+        f"{options.batch_size})"
+    warmup = f", warmup {options.warmup:g} {options.schedule_unit}" if options.warmup else ""
+    return f"peak {peak:.6g}{scaled}, {options.optimizer}, schedule {options.schedule}{warmup}"
 
 
 def check_same_files(split: Split) -> None:
@@ -259,7 +324,10 @@ def headline(summary: dict[str, Any], task: str) -> str:
         shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
                   f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
     if summary.get("forecast_rmse") is not None:  # a time series (docs/forecasting.md)
+        naive = summary.get("forecast_nd_naive")
+        versus = "" if naive is None else f" (seasonal naive {naive:.3f})"
         shown += (f"; forecast of the test part: rmse {summary['forecast_rmse']:.4g}, ND "
-                  f"{summary['forecast_nd']:.3f}, MASE {summary['forecast_mase']:.3f}, 2σ "
-                  f"coverage {pct('forecast_coverage_2sigma')}")
+                  f"{summary['forecast_nd']:.3f}{versus}, MASE {summary['forecast_mase']:.3f}, "
+                  f"interval coverage 1σ {pct('forecast_coverage_1sigma')} / 2σ "
+                  f"{pct('forecast_coverage_2sigma')} / 3σ {pct('forecast_coverage_3sigma')}")
     return shown

@@ -43,7 +43,8 @@ def write_rank_times(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 class TensorBoardLogger:
-    """Scalars per epoch; a no-op when tensorboard is not installed."""
+    """Scalars per epoch, and per step for the few that change every step (learning rate); a
+    no-op when tensorboard is not installed."""
 
     def __init__(self, directory: Path) -> None:
         try:
@@ -62,6 +63,17 @@ class TensorBoardLogger:
                     and math.isfinite(value):
                 self.writer.add_scalar(key.replace("_", "/", 1), value, record["epoch"])
         self.writer.flush()
+
+    def log_step(self, scalars: dict[str, float], step: int) -> None:
+        """Per-step values (the learning rate) against the global step, as `step/NAME`."""
+        if self.writer is None:
+            return
+        for key, value in scalars.items():
+            self.writer.add_scalar(f"step/{key}", value, step)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
 
     def close(self) -> None:
         if self.writer is not None:

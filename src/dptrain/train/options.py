@@ -19,7 +19,8 @@ from dptrain.data import world_sizes_dividing
 from dptrain.data.config import NO_VALIDATION, DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
-from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
+from dptrain.learners.models import TAGI_MODELS
 from dptrain.options import bad_value, check_at_least, defines_run, pick, resumable
 from dptrain.train.faults import FailAt
 from dptrain.train.init_from import InitOptions
@@ -82,6 +83,8 @@ class TrainOptions(InitOptions, LaunchConfig, FitOptions, LearnerConfig, DataCon
     def __post_init__(self) -> None:
         for component in COMPONENTS:
             component.__post_init__(self)
+        if self.model in TAGI_MODELS:
+            refuse_torch_options(self, self.model)
         if self.nodes.elastic and not self.out:
             raise ConfigError(f"nnodes {self.nnodes} (elastic) needs out DIR, the same on every "
                               f"node and on a filesystem they share: a node that joins resumes "

@@ -22,10 +22,11 @@ import torch
 from dptrain import dist as dd
 from dptrain.data import ShardedSampler, Split, num_samples_per_rank, world_sizes_dividing
 from dptrain.data.loader import BatchLoader, fetch_batch
+from dptrain.data.mixing import Mixing
 from dptrain.errors import ConfigError, RankFailure
+from dptrain.fingerprint import params_sha256
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
-from dptrain.train.checkpoint import params_sha256
 from dptrain.train import loggers, resume, rng
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
@@ -74,6 +75,9 @@ class TrainConfig:
     """Write checkpoints in a background thread: training pauses only to copy the state to
     memory (dptrain.train.writer). False: write and publish before the next step."""
     fail_at: FailAt | None = None
+    mixing: Mixing | None = None
+    """Mixup/cutmix of the training batches (`dptrain.data.mixing`): partners and weights
+    from (seed, epoch, global position), the same on any world size."""
     record: dict[str, Any] = field(default_factory=dict)
     """What built this run (the CLI's options), stored for the record."""
     run_record: dict[str, Any] = field(default_factory=dict)
@@ -102,10 +106,11 @@ class TrainConfig:
 
 
 def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
-    """`{prefix}_{name}` per metric, plus rmse from mse."""
+    """`{prefix}_{name}` per metric, plus rmse from mse (and ema_rmse from ema_mse)."""
     out = {f"{prefix}_{k}": v for k, v in means.items()}
-    if "mse" in means:
-        out[f"{prefix}_rmse"] = math.sqrt(means["mse"])
+    for name in ("mse", "ema_mse"):
+        if name in means:
+            out[f"{prefix}_{name[:-3]}rmse"] = math.sqrt(means[name])
     return out
 
 
@@ -150,7 +155,7 @@ class Trainer:
                                       uneven_last_batch=learner.uneven_last_batch)
         pin = runtime.device.type == "cuda"
         self.loader = BatchLoader(split.train, self.sampler, self.local_batch_size,
-                                  workers=config.workers, pin_memory=pin)
+                                  workers=config.workers, pin_memory=pin, mixing=config.mixing)
         # Each evaluated part, validation first: the test part's evaluation is the learner's
         # last of the epoch (its calibration bins are the test part's in the summary).
         self.eval_parts = {prefix: self._eval_part(dataset) for prefix, dataset in
@@ -179,6 +184,8 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self.tb: loggers.TensorBoardLogger | None = None
         self._layout = ""
+        self._step_scalars: dict[str, float] = {}
+        """The learner's per-step values (learning rate) of the last step: epochs.csv's."""
         self._epoch_sums: Metrics = {}
         """This rank's (sum, count) per train metric so far in the current epoch; saved in
         mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
@@ -264,6 +271,9 @@ class Trainer:
             self.step_times.begin_step()
             metrics = self.learner.train_step(self._to_device(batch))
             self.step += 1
+            self._step_scalars = self.learner.step_scalars()
+            if self.tb is not None and self._step_scalars:
+                self.tb.log_step(self._step_scalars, self.step)
             self.step_times.end_step(self.step, fetched)
             seen += len(batch[1])
             for name, (s, c) in metrics.items():
@@ -313,8 +323,8 @@ class Trainer:
 
     def _end_epoch(self, train_means: dict[str, float],
                    evaluated: dict[str, dict[str, float]]) -> bool:
-        record = {"epoch": self.epoch + 1, "step": self.step, **train_means,
-                  **{k: v for means in evaluated.values() for k, v in means.items()}}
+        record = {"epoch": self.epoch + 1, "step": self.step, **self._step_scalars,
+                  **train_means, **{k: v for means in evaluated.values() for k, v in means.items()}}
         self.history.append(record)
         improved = self.early.update(self.epoch + 1, record)
         if self.rank == 0:
@@ -355,6 +365,8 @@ class Trainer:
         before anyone steps on (torch.distributed.checkpoint); rank 0 then checksums and
         publishes them in the background too, as nothing touches those files any more."""
         started = time.perf_counter()
+        if self.tb is not None:
+            self.tb.flush()  # the steps before this checkpoint, which a resume will not log
         rng_states = dd.all_gather_object(rng.capture())
         fail_at, step = self.config.fail_at, self.step  # the thread runs after steps moved on
         midway = None if fail_at is None else \

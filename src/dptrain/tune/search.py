@@ -26,7 +26,7 @@ from dptrain.tune.runner import Runner, SubprocessRunner
 from dptrain.tune.space import parse_space
 from dptrain.tune.study import import_optuna, open_study, storage_for
 from dptrain.tune.worker import Worker
-from dptrain.train.job import check_monitor, default_monitor, load_job_split
+from dptrain.train.job import check_monitor, load_job_split, monitor_of
 from dptrain.train.options import TrainOptions
 
 
@@ -38,7 +38,10 @@ def resolve_monitor(options: TuneOptions, train: TrainOptions, *, check: bool) -
 
     split = load_job_split(train)
     check_monitor(train, split)
-    monitor = options.monitor or default_monitor(split.task)
+    monitor = options.monitor or monitor_of(train, split)
+    if not monitor:
+        raise ConfigError("the runs have no validation part, so nothing to choose by: pass "
+                          "--monitor a validation (or training) metric, or a --val-size")
     if monitor.startswith("test_"):
         raise ConfigError(f"the runs monitor {monitor} by default, a test metric, which cannot "
                           f"choose hyperparameters (validation chooses, test reports): pass "

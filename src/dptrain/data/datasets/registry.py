@@ -12,6 +12,7 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     cifar10:DIR            CIFAR-10 python or binary batches       load_cifar10(DIR, ...)
     sine                   pytagi's toy sine series, as windows    load_sine(lookback=...)
     seasonal               4 seasonal series with trend and noise  load_seasonal(lookback=...)
+    hourly                 6 hourly series, daily+weekly, gaps     load_hourly(lookback=...)
     series:PATH            time series CSV, as windows             load_series(PATH, ...)
     csv:PATH               regression table                        load_csv(PATH, target=...)
     npz:PATH               regression arrays                       load_npz(PATH, ...)
@@ -35,7 +36,7 @@ from dptrain.data.datasets.idx import load_mnist
 from dptrain.data.datasets.image_folder import load_image_folder
 from dptrain.data.datasets.series import load_series
 from dptrain.data.datasets.sklearn_sets import load_diabetes, load_digits
-from dptrain.data.datasets.synthetic_series import load_seasonal, load_sine
+from dptrain.data.datasets.synthetic_series import load_hourly, load_seasonal, load_sine
 from dptrain.data.datasets.table import load_csv, load_npz
 from dptrain.data.datasets.toy1d import load_toy1d, load_toy1d_hetero
 from dptrain.data.datasets.user_data import load_user_dataset
@@ -52,6 +53,7 @@ BUILTIN_DATASETS: dict[str, Callable[..., Split]] = {
     "blobs": load_blobs,
     "sine": load_sine,
     "seasonal": load_seasonal,
+    "hourly": load_hourly,
 }
 PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "mnist": functools.partial(load_mnist, variant="mnist"),
@@ -63,7 +65,7 @@ PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "imagefolder": load_image_folder,
 }
 _SUFFIXES = {".csv": "csv", ".npz": "npz"}
-SERIES_DATASETS = ("sine", "seasonal", "series")
+SERIES_DATASETS = ("sine", "seasonal", "hourly", "series")
 """The names whose datasets are windows of time series (they take lookback and horizon)."""
 
 

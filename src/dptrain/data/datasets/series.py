@@ -12,7 +12,9 @@ Each series is split by time, never shuffled across the split: its first `train_
 of time steps train, the next `val_fraction` validate, the rest test (or the last `test_size`
 steps test and the `val_size` before them validate, each a count of time steps or a fraction
 of the series: `dptrain.data.datasets.sizes`). It is standardised
-with the mean and std of its own training part. A window holds `lookback` values as input and
+with the mean and std of its own training part (a series constant there is kept with a safe
+scale, one with fewer than 2 observed training values left out, each named in one warning
+line). A window holds `lookback` values as input and
 the `horizon` values that follow as targets; it belongs to the part its targets lie in (its
 inputs may reach back into the part before: they are observed past). Missing targets stay
 NaN (TAGI leaves them out of the update); missing inputs are filled with the last value
@@ -20,6 +22,8 @@ observed before them, or with the training mean (0 once standardised) before the
 
 `with_series_ids(split)` appends each window's series id (0, 1, ... in the order of
 `SeriesData.names`) to its inputs as a last column, for a global model that embeds it.
+Columns of a wide file named in `covariates` are known covariates, paired with the values at
+every input step (`dptrain.data.datasets.covariates`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +41,13 @@ import torch
 
 from dptrain.data.datasets._files import read_bytes
 from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
+from dptrain.data.datasets.covariates import with_covariates
 from dptrain.data.datasets.sizes import series_ends
+from dptrain.data.datasets.spacing import season_candidates
+from dptrain.dist.collectives import get_rank
 from dptrain.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 ID_COLUMNS = ("series", "series_id", "id")
 MISSING = ("", "nan", "na", "n/a", "null")
@@ -60,11 +70,34 @@ class SeriesData:
     lookback: int
     horizon: int
     with_ids: bool = False
+    season: int = 0
+    """The seasonal period m in time steps for the seasonal naive baseline and the seasonal
+    MASE (0: inferred from the time spacing, `season_candidates`)."""
+    forecast_every: int = 0
+    """Rolling-origin evaluation: forecast this many steps from an origin, then reveal them and
+    move the origin on (0: one recursive forecast of the whole test part)."""
+    covariates: torch.Tensor | None = None
+    """(T, C) known covariates of every time step, standardised, shared by the series
+    (`dptrain.data.datasets.covariates`); None: none."""
+    covariate_names: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_features(self) -> int:
+        """Values per input time step: the series' value, then its C covariates."""
+        return 1 + (0 if self.covariates is None else self.covariates.shape[1])
 
     @property
     def normalised(self) -> torch.Tensor:
         """(S, T) standardised values, NaN where missing."""
         return self.norm.apply(self.values)
+
+    @property
+    def seasons(self) -> tuple[int, ...]:
+        """The seasonal periods the naive baseline tries: `season` if set, else those of the
+        time spacing (`season_candidates`), else (1,): the last value."""
+        if self.season:
+            return (self.season,)
+        return season_candidates(self.times) or (1,)
 
     def inputs(self) -> torch.Tensor:
         """(S, T) standardised values with missing ones filled as inputs are (module doc)."""
@@ -80,22 +113,34 @@ class WindowDataset(ArrayDataset):
     `x` (N, lookback) and `y` (N, horizon), every window at once, are computed on demand for
     code that wants them; `series` and `start` ((N,) int64 each) tell the windows apart. With
     `with_ids` a window's input ends with its series id as a float: x is (N, lookback + 1).
+    With `covariates` (T, C) each input step is the value then the C covariates of the time
+    `horizon` steps later, flattened step by step: x is (N, lookback · (1 + C)) (+ 1 with ids).
     """
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, series: torch.Tensor,
-                 start: torch.Tensor, lookback: int, horizon: int, with_ids: bool = False
-                 ) -> None:
+                 start: torch.Tensor, lookback: int, horizon: int, with_ids: bool = False,
+                 covariates: torch.Tensor | None = None) -> None:
         # no ArrayDataset.__init__: there is no x or y to store
         self.inputs, self.targets = inputs, targets  # (S, T) float32 each
         self.series, self.start = series, start
         self.x_offsets = torch.arange(-lookback, 0)
         self.y_offsets = torch.arange(horizon)
         self.with_ids = with_ids
+        self.covariates = covariates  # (T, C) float32 or None
+
+    def _copy(self, **changes) -> WindowDataset:
+        kept = {"with_ids": self.with_ids, "covariates": self.covariates, **changes}
+        return WindowDataset(self.inputs, self.targets, self.series, self.start,
+                             len(self.x_offsets), len(self.y_offsets), **kept)
 
     def with_series_ids(self) -> WindowDataset:
         """The same windows, each input followed by its series id."""
-        return WindowDataset(self.inputs, self.targets, self.series, self.start,
-                             len(self.x_offsets), len(self.y_offsets), with_ids=True)
+        return self._copy(with_ids=True)
+
+    def with_covariates(self, covariates: torch.Tensor) -> WindowDataset:
+        """The same windows, each input step with the (T, C) `covariates` of its time plus
+        the horizon."""
+        return self._copy(covariates=covariates)
 
     @property
     def x(self) -> torch.Tensor:  # type: ignore[override]
@@ -107,7 +152,8 @@ class WindowDataset(ArrayDataset):
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        return (len(self.x_offsets) + self.with_ids,)
+        features = 1 if self.covariates is None else 1 + self.covariates.shape[1]
+        return (len(self.x_offsets) * features + self.with_ids,)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -116,12 +162,17 @@ class WindowDataset(ArrayDataset):
         series, start = self.series[idx], self.start[idx]  # () or (B,)
         rows = series[..., None]
         x = self.inputs[rows, start[..., None] + self.x_offsets]
+        if self.covariates is not None:  # (..., L, C) of the times H steps on
+            known = self.covariates[start[..., None] + self.x_offsets + len(self.y_offsets)]
+            x = torch.cat([x[..., None], known], -1).flatten(-2)
         if self.with_ids:
             x = torch.cat([x, rows.to(x.dtype)], -1)
         return x, self.targets[rows, start[..., None] + self.y_offsets]
 
     def __repr__(self) -> str:
         ids = " and series ids" if self.with_ids else ""
+        if self.covariates is not None:
+            ids = f" with {self.covariates.shape[1]} covariates{ids}"
         return (f"WindowDataset({len(self)} windows of {len(self.x_offsets)}{ids} -> "
                 f"{len(self.y_offsets)} from {self.inputs.shape[0]} series)")
 
@@ -152,19 +203,32 @@ def with_series_ids(split: Split) -> Split:
 def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
                 train_fraction: float = 0.7, val_fraction: float = 0.1,
                 val_size: str | int | float | None = None,
-                test_size: str | int | float | None = None) -> Split:
-    """Windows of the series in a CSV file (layouts in the module docstring).
+                test_size: str | int | float | None = None, covariates: str = "") -> Split:
+    """Windows of the series in a CSV file (layouts in the module docstring); the columns
+    named in `covariates` (comma-separated, a wide file's) are known covariates, not series
+    (`dptrain.data.datasets.covariates`).
 
     Raises:
-        DataError: unreadable file, a cell that is not a number, times out of order, a series
-            constant over its training part, or too short for one window.
+        DataError: unreadable file, a cell that is not a number, times out of order, no series
+            with 2 observed training values, or too short for one window. (A constant series
+            is kept, an empty one left out, each with a warning line: `series_split`.)
         ConfigError: lookback, horizon or fractions out of range.
     """
     names, times, values = read_series_csv(path)
-    return series_split(Path(path).stem, names, times, values, lookback=lookback,
-                        horizon=horizon, train_fraction=train_fraction,
-                        val_fraction=val_fraction, val_size=val_size, test_size=test_size,
-                        dataset=str(path))
+    known = [c.strip() for c in covariates.split(",") if c.strip()]
+    for column in known:
+        if column not in names:
+            raise DataError(f"{path}: covariate column {column!r} is not in the file; its "
+                            f"columns: {', '.join(names)}")
+    if known and len(known) == len(names):
+        raise DataError(f"{path}: every column is a covariate; no series is left to forecast")
+    keep = [j for j, n in enumerate(names) if n not in known]
+    split = series_split(Path(path).stem, [names[j] for j in keep], times, values[keep],
+                         lookback=lookback, horizon=horizon, train_fraction=train_fraction,
+                         val_fraction=val_fraction, val_size=val_size,
+                         test_size=test_size, dataset=str(path))
+    index = [names.index(c) for c in known]
+    return with_covariates(split, values[index].T, known)
 
 
 def series_split(name: str, names: list[str], times: list[str], values: np.ndarray, *,
@@ -188,6 +252,7 @@ def series_split(name: str, names: list[str], times: list[str], values: np.ndarr
     if num_steps - val_end < horizon:
         raise DataError(f"{where}: the test part has {num_steps - val_end} time steps, fewer "
                         f"than the horizon {horizon}")
+    names, values = _drop_empty(where, names, values, train_end)
     raw = torch.from_numpy(values.astype(np.float64))
     norm = _fit_per_series(where, names, raw[:, :train_end])
     series = SeriesData(names, times, raw, train_end, val_end, norm, lookback, horizon)
@@ -214,22 +279,40 @@ def _check_sizes(where: str, lookback: int, horizon: int, train_fraction: float,
 
 
 def _fit_per_series(where: str, names: list[str], train: torch.Tensor) -> Normalisation:
-    """Mean and std of each series' observed training values, (S, 1) each."""
+    """Mean and std of each series' observed training values, (S, 1) each. A series constant
+    over its training part has no std: it is kept with a safe scale, |mean| (1 for zeros), so
+    that its values stay of order 1, and named in one warning line."""
     observed = torch.isfinite(train)
     count = observed.sum(1, keepdim=True)
-    for s in range(len(names)):
-        if count[s] < 2:
-            raise DataError(f"{where}: series {names[s]!r} has {int(count[s])} observed "
-                            f"value(s) in its training part; at least 2 are needed")
     filled = torch.where(observed, train, 0.0)
     mean = filled.sum(1, keepdim=True) / count
     var = (torch.where(observed, train - mean, 0.0) ** 2).sum(1, keepdim=True) / count
-    for s in range(len(names)):
-        if not var[s] > 0:
-            raise DataError(f"{where}: series {names[s]!r} is constant over its training part "
-                            f"(every value {mean[s].item():g}): it has nothing to learn and "
-                            f"cannot be standardised")
-    return Normalisation(mean, var.sqrt())
+    constant = [s for s in range(len(names)) if not var[s] > 0]
+    if constant and get_rank() == 0:  # every rank reads the same file: one line is enough
+        log.warning("%s: %d series constant over their training part, kept with the scale "
+                    "|mean| (1 where 0): %s", where, len(constant),
+                    ", ".join(f"{names[s]!r} ({mean[s].item():g})" for s in constant))
+    safe = torch.where(mean.abs() > 0, mean.abs(), 1.0)
+    return Normalisation(mean, torch.where(var > 0, var.sqrt(), safe))
+
+
+def _drop_empty(where: str, names: list[str], values: np.ndarray, train_end: int
+                ) -> tuple[list[str], np.ndarray]:
+    """The series with at least 2 observed training values; the others cannot be scaled or
+    forecast, and are left out with one warning line (an error if none is left)."""
+    count = np.isfinite(values[:, :train_end]).sum(1)
+    keep = count >= 2
+    if keep.all():
+        return names, values
+    if not keep.any():
+        raise DataError(f"{where}: no series has 2 observed values in its training part "
+                        f"({train_end} time steps); nothing to learn from")
+    if get_rank() == 0:
+        log.warning("%s: %d series left out, fewer than 2 observed values in their training "
+                    "part: %s", where, int((~keep).sum()),
+                    ", ".join(f"{names[s]!r} ({int(count[s])})"
+                              for s in np.flatnonzero(~keep)))
+    return [n for n, k in zip(names, keep) if k], values[keep]
 
 
 def forward_fill(values: torch.Tensor) -> torch.Tensor:
@@ -319,7 +402,8 @@ def _read_long(path: str, header: list[str], rows: list, id_col: int
                ) -> tuple[list[str], list[str], np.ndarray]:
     if len(header) != 3:
         raise DataError(f"{path}: a long-format series CSV has exactly three columns (time, "
-                        f"{header[id_col]}, value), got {header}")
+                        f"{header[id_col]}, value), got {header} (known covariates are "
+                        f"columns of a wide file)")
     time_col, value_col = (j for j in range(3) if j != id_col)
     names = list(dict.fromkeys(row[id_col] for _, row in rows))
     index = {name: s for s, name in enumerate(names)}

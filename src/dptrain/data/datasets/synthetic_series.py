@@ -1,4 +1,5 @@
-"""Generated time series for tests and demos: pytagi's toy sine, and seasonal series with trend.
+"""Generated time series for tests and demos: pytagi's toy sine, seasonal series with trend, and
+hourly series with a weekly pattern, noise levels of their own and missing values.
 
     from dptrain.data.datasets.synthetic_series import load_sine
 
@@ -56,9 +57,39 @@ def load_seasonal(*, lookback: int = 24, horizon: int = 1, num_series: int = 4,
     values = level + trend * t + amplitude * cycle
     values = values + amplitude * noise_std * rng.standard_normal(values.shape)
     names = [f"series{s}" for s in range(num_series)]
-    return series_split("seasonal", names, [str(int(h)) for h in t[0]], values,
-                        lookback=lookback, horizon=horizon, val_size=val_size,
-                        test_size=test_size)
+    return series_split("seasonal", names, _hours(length), values, lookback=lookback,
+                        horizon=horizon, val_size=val_size, test_size=test_size)
+
+
+def load_hourly(*, lookback: int = 24, horizon: int = 1, num_series: int = 6,
+                length: int = 24 * 7 * 6, missing: float = 0.03, seed: int = 0,
+                val_size: str | int | float | None = None,
+                test_size: str | int | float | None = None) -> Split:
+    """`num_series` hourly series, a week's worth of days from a Monday: each a level, a daily
+    profile of its own phase whose amplitude depends on the weekday (lower at weekends, as
+    electricity load), noise whose level differs by series (5 to 40 % of the amplitude), and
+    a share `missing` of values missing at random; the first series also misses half a day
+    in its training part. The data a calibrated forecaster must handle: daily and weekly
+    seasonality, per-series noise, gaps."""
+    if not 0 <= missing < 0.5:
+        raise ConfigError(f"hourly needs a share of missing values in [0, 0.5), got {missing}")
+    _check(length, 0.0)
+    rng = np.random.default_rng(seed)
+    t = np.arange(length, dtype=np.float64)[None]
+    hour, day = t % 24, (t // 24) % 7
+    level = rng.uniform(10.0, 100.0, (num_series, 1))
+    amplitude = level * rng.uniform(0.2, 0.5, (num_series, 1))
+    phase = rng.uniform(0.0, 2 * np.pi, (num_series, 1))
+    weekday = np.where(day >= 5, rng.uniform(0.3, 0.6, (num_series, 1)), 1.0)
+    cycle = np.sin(2 * np.pi * hour / 24 + phase) + 0.4 * np.sin(4 * np.pi * hour / 24 + phase)
+    noise = amplitude * rng.uniform(0.05, 0.4, (num_series, 1))
+    values = level + amplitude * weekday * cycle + noise * rng.standard_normal((num_series,
+                                                                                length))
+    values[rng.random(values.shape) < missing] = np.nan
+    values[0, length // 3:length // 3 + 12] = np.nan
+    names = [f"load{s}" for s in range(num_series)]
+    return series_split("hourly", names, _hours(length), values, lookback=lookback,
+                        horizon=horizon, val_size=val_size, test_size=test_size)
 
 
 def _check(length: int, noise_std: float) -> None:
@@ -70,6 +101,11 @@ def _check(length: int, noise_std: float) -> None:
 def _noise(seed: int, shape: tuple[int, ...], std: float) -> np.ndarray:
     gen = torch.Generator().manual_seed(seed)
     return (std * torch.randn(shape, generator=gen, dtype=torch.float64)).numpy()
+
+
+def _hours(length: int) -> list[str]:
+    start = np.datetime64("2024-01-01T00:00")  # a Monday
+    return [str(start + np.timedelta64(h, "h")) for h in range(length)]
 
 
 def _days(length: int) -> list[str]:

@@ -1,0 +1,160 @@
+"""Known covariates of time series (calendar features of the time column, known columns of a
+wide CSV): their encoding, their place in a window (the covariates of the time H steps on),
+forecasts that read them from the data over the horizon, one-line errors for what cannot be
+given, and the calibrated tagi-lstm that beats the seasonal naive forecast on the generated
+`hourly` series, better with calendar covariates than without (issue 28)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+
+from dptrain.data.config import DataConfig, load_split
+from dptrain.data.datasets.covariates import parse_feature_list, time_features
+from dptrain.dist import Runtime
+from dptrain.dist.env import SINGLE
+from dptrain.errors import ConfigError, DataError
+from dptrain.learners.build import create_learner, create_model, model_defaults, model_split
+from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.learners.forecast import calibrated_test, forecast_metrics, forecast_test, naive_test
+
+
+def _hours(n: int) -> list[str]:
+    return [str(np.datetime64("2024-01-01T00:00") + np.timedelta64(h, "h")) for h in range(n)]
+
+
+def _csv(path, n: int = 200):
+    t = np.arange(n)
+    lines = ["time,load,temp,holiday"] + [
+        f"{_hours(n)[k]},{10 + np.sin(k / 3):.4f},{20 + k % 24},{int(k % 168 < 24)}"
+        for k in t]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_calendar_features_encode_the_time():
+    times = ["2024-01-01T06:00", "2024-01-06T18:00"]  # a Monday morning, a Saturday evening
+    values, names = time_features(times, ["hour", "weekday"])
+    assert names == ["hour_sin", "hour_cos"] + [f"weekday{d}" for d in range(7)]
+    np.testing.assert_allclose(values[:, :2], [[1.0, 0.0], [-1.0, 0.0]], atol=1e-12)
+    assert values[0, 2:].tolist() == [1, 0, 0, 0, 0, 0, 0]
+    assert values[1, 2:].tolist() == [0, 0, 0, 0, 0, 1, 0]
+    assert parse_feature_list("auto", _hours(10), "x") == ["hour", "weekday"]
+    days = [str(np.datetime64("2024-01-01") + d) for d in range(400)]
+    assert parse_feature_list("auto", days, "x") == ["weekday", "dayofyear"]
+    assert parse_feature_list("auto", ["0", "1"], "x") == []
+
+
+@pytest.mark.parametrize("spec, times, message", [
+    ("hour", [f"2024-01-{d:02d}" for d in range(1, 9)],
+     "x: --time-features hour: the time column is spaced 1 day, too coarse for the hour of "
+     "the day"),
+    ("weekday", ["0", "1", "2"], "x: --time-features weekday needs dates in the time column"),
+    ("season", ["2024-01-01"], "--time-features: unknown feature 'season'; known: minute, "
+                               "hour, weekday, dayofyear, month or auto"),
+])
+def test_a_calendar_feature_the_times_cannot_give_is_one_line(spec, times, message):
+    with pytest.raises(ConfigError) as err:
+        parse_feature_list(spec, times, "x")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_each_input_step_carries_the_covariates_of_the_time_a_horizon_on(tmp_path):
+    path = _csv(tmp_path / "load.csv")
+    split = load_split(DataConfig(dataset=f"series:{path}", lookback=4, horizon=2,
+                                  covariates="temp,holiday", time_features="hour"), seed=0)
+    series = split.series
+    assert series.names == ["load"] and series.num_features == 5
+    assert series.covariate_names == ["temp", "holiday", "hour_sin", "hour_cos"]
+    train = series.covariates[:series.train_end]  # standardised on the training part
+    torch.testing.assert_close(train.mean(0), torch.zeros(4), atol=1e-5, rtol=0)
+    assert split.input_shape == (4 * 5,)
+    x, y = split.train[3]
+    start = int(split.train.start[3])
+    steps = x.reshape(4, 5)
+    torch.testing.assert_close(steps[:, 0], series.inputs()[0, start - 4:start].float())
+    torch.testing.assert_close(steps[:, 1:], series.covariates[start - 4 + 2:start + 2])
+    # the model reads 4 steps of 5 values, and so does the id-embedding network
+    model, _ = create_model(ModelConfig(model="tagi-lstm", hidden=4), split, seed=0)
+    assert model.layers[0].input_size == 5 and model.layers[0].seq_len == 4
+
+
+def test_a_forecast_reads_the_known_covariates_over_its_horizon(tmp_path):
+    split = load_split(DataConfig(dataset=f"series:{_csv(tmp_path / 'l.csv')}", lookback=3,
+                                  horizon=2, covariates="temp"), seed=0)
+    series = split.series
+    seen = []
+
+    def spy(mu_x, var_x):
+        seen.append((mu_x.clone(), var_x.clone()))
+        return mu_x[:, -2:-1].repeat(1, 2), var_x[:, -2:-1].repeat(1, 2) + 1
+
+    forecast_test(spy, series)
+    start = series.val_end
+    for call, (mu_x, var_x) in enumerate(seen[:3]):
+        end = start + 2 * call  # this call predicts steps end and end + 1
+        cov = mu_x[0].reshape(3, 2)[:, 1]
+        torch.testing.assert_close(cov, series.covariates[end - 3 + 2:end + 2, 0])
+        assert not var_x[0].reshape(3, 2)[:, 1].any()  # known: variance 0
+    assert seen[1][1][0].reshape(3, 2)[1:, 0].tolist() == [1.0, 1.0]  # predictions fed back
+
+
+def test_bad_covariates_are_one_line_before_training(tmp_path):
+    path = _csv(tmp_path / "load.csv")
+    with pytest.raises(DataError, match=r"load.csv: covariate column 'price' is not in the "
+                                        r"file; its columns: load, temp, holiday"):
+        load_split(DataConfig(dataset=f"series:{path}", covariates="temp,price"), seed=0)
+    with pytest.raises(ConfigError, match="--covariates: columns of a series:PATH.csv file; "
+                                          "hourly has none"):
+        load_split(DataConfig(dataset="hourly", covariates="temp"), seed=0)
+    gap = tmp_path / "gap.csv"
+    gap.write_text(path.read_text().replace(",21,", ",,", 1))
+    with pytest.raises(ConfigError, match="covariate 'temp' is missing at time "
+                                          "'2024-01-01T01:00'"):
+        load_split(DataConfig(dataset=f"series:{gap}", covariates="temp"), seed=0)
+
+
+def _train(split, config: ModelConfig, epochs: int, seed: int = 0):
+    defaults = model_defaults("tagi-lstm")
+    data = model_split(config, split)
+    learner = create_learner(config, LearnerConfig(sigma_v=defaults["sigma_v"]), data,
+                             seed=seed)
+    learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for idx in torch.randperm(len(data.train), generator=gen).split(defaults["batch_size"]):
+            learner.train_step(data.train[idx])
+    return learner, data
+
+
+@pytest.mark.slow
+def test_the_calibrated_lstm_beats_seasonal_naive_on_hourly_series_with_covariates():
+    """Learning: on `hourly` (6 series, daily cycles whose amplitude depends on the weekday,
+    noise levels of their own, missing values) the registry's tagi-lstm (heteroscedastic)
+    forecasts the test part rolled daily (24 steps an origin), as the run reports it (the
+    variance scale chosen on validation): 85-100 % of the values in its ±2σ interval, with
+    and without calendar covariates; with them its ND is at least 10 %
+    below the seasonal naive forecast's (the better of yesterday and last week, chosen on
+    validation) and below the ND without them, whose lookback of a day cannot see the
+    weekday. Measured (seed 0): ND 0.086 with, 0.100 without, naive 0.106; coverage 0.94
+    and 0.93."""
+    defaults = model_defaults("tagi-lstm")
+    config = ModelConfig(model="tagi-lstm", hidden=defaults["hidden"],
+                         heteroscedastic=defaults["heteroscedastic"])
+    nd = {}
+    for features in ("auto", ""):
+        split = load_split(DataConfig(dataset="hourly", time_features=features,
+                                      forecast_every=24), seed=0)
+        learner, data = _train(split, config, epochs=10)
+        forecast, _ = calibrated_test(learner.predict_moments, data.series)
+        metrics = forecast_metrics(forecast, data.series)
+        naive = forecast_metrics(naive_test(data.series)[0], data.series)
+        assert 0.85 <= metrics["coverage_2sigma"] <= 1.0, (features, metrics)
+        nd[features] = metrics["nd"]
+    assert nd["auto"] <= 0.9 * naive["nd"], (nd, naive)
+    assert nd["auto"] < nd[""], nd
+    assert math.isfinite(naive["log_likelihood"])
