@@ -202,7 +202,19 @@ def demo() -> str:
     return "```text\n" + "\n".join(lines) + "\n```"
 
 
-TABLES = {f.__name__: f for f in (demo, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
+def large_batch() -> str:
+    rows = []
+    for name, runs in load("large_batch.json")["results"].items():
+        errors = [100 * r["test_error"] for r in runs]
+        batch = re.search(r"batch (\d+)", name).group(1)
+        (peak,) = {r["peak_lr"] for r in runs}
+        rows.append(f"| {name} | {batch} | {peak:g} | {sum(errors) / len(errors):.2f} | "
+                    + ", ".join(f"{e:.2f}" for e in errors) + " |")
+    return _lines("| run | global batch | peak lr | test error, mean of seeds (%) | each seed (%) |",
+                  "|---|---|---|---|---|", rows)
+
+
+TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
                                   tagi_ddp, checkpoint_pause, input_pipeline)}
