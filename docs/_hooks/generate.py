@@ -167,15 +167,20 @@ def option_rows(command: str) -> list[dict[str, str]]:
     return rows
 
 
-def options(command: str, only: str = "") -> str:
-    """The option table of `dptrain COMMAND`; for tune, `only=own` leaves out the train options
-    it shares (they have their own table)."""
+def options(command: str, *only: str) -> str:
+    """The option table of `dptrain COMMAND`; `only` keeps the options of those names (a
+    feature's page shows its own), and for tune `own` leaves out the train options it shares
+    (they have their own table). A name that is no option fails the build."""
     rows = option_rows(command)
-    if command == "tune" and only == "own":
+    if command == "tune" and only == ("own",):
         from dptrain.tune.options import TuneOptions
 
-        own = {f.name for f in dataclasses.fields(TuneOptions)} | {"config"}
-        rows = [r for r in rows if r["dest"] in own]
+        only = tuple({f.name for f in dataclasses.fields(TuneOptions)} | {"config"})
+    if only:
+        unknown = sorted(set(only) - {r["dest"] for r in rows})
+        if unknown:
+            raise ValueError(f"dptrain {command} has no option(s) {unknown}")
+        rows = [r for r in rows if r["dest"] in only]
     header = ["option", "takes", "default", "defines the run" if command == "train" else
               "defines the study", "help"] if "defines" in rows[0] else \
         ["option", "takes", "default", "help"]

@@ -215,3 +215,8 @@ def test_defines_the_run_column_is_the_option_fields():
 def test_an_unknown_marker_fails_the_build():
     with pytest.raises(ValueError, match="unknown generate marker"):
         _generate().expand("<!-- generate: optoins train -->")
+
+
+def test_a_marker_naming_no_option_fails_the_build():
+    with pytest.raises(ValueError, match="no option"):
+        _generate().expand("<!-- generate: options train lr sigma_vv -->")

@@ -181,7 +181,8 @@ def test_demo_output_is_the_recorded_run():
     record = _load("demo.json")
     lines = [re.sub(r"tagi-mlp-digits-\d{8}-\d{6}", "tagi-mlp-digits-<time>", line)
              for line in record["last_lines"]]
-    assert "\n".join(lines) in PAGE
+    assert "\n".join(lines) in PAGE  # generated there from the same file
+    assert "\n".join(lines) in README  # copied into the README: tests/e2e/test_train_cli.py
     _in_readme(f"its {record['command_wall_s']:.1f} s for the whole command")
     assert f"on 2 processes (~{record['command_wall_s']:.0f} s)" in re.sub(r"\s+", " ", README)
 
@@ -278,3 +279,24 @@ def test_large_batch_table_is_large_batch_json():
     _in_readme(f"16 x the batch ends {gaps[0]:.2f} points from the small batch")
     _in_readme(f"without warmup {gaps[1]:.2f} points, without scaling {gaps[2]:.2f}")
     assert gaps[0] <= 0.5
+
+
+def test_readme_headline_table_is_its_json():
+    """The README's headline rows: the train-step ratios against pytagi at the largest batch
+    each benchmark ran, the digits error, and the Trainer's overhead."""
+    for name, label in (("tagi_vs_pytagi.json", "TAGI MLP 784-128-128-11"),
+                        ("tagi_vs_pytagi_cnn.json", "TAGI MNIST CNN"),
+                        ("tagi_vs_pytagi_resnet18.json", "TAGI ResNet18 (CIFAR-10)")):
+        r = max((r for r in _load(name)["results"] if r["phase"] == "train"),
+                key=lambda r: r["batch_size"])
+        _row(f"| {label}, train step, batch {r['batch_size']} |",
+             f"{_rate(r['ours_samples_per_s'])} samples/s",
+             f"pytagi 0.2.1: {_rate(r['pytagi_samples_per_s'])} samples/s",
+             f"{r['ratio']:.1f}x", page=README)
+    summary = _load("pytagi_digits_reference.json")["networks"]["fnn"]["summary"]
+    _row("| digits test error, mean of seeds 0-2 |",
+         f"{summary['dptrain']['mean_test_error_percent']:.2f} %",
+         f"pytagi 0.2.1: {summary['pytagi']['mean_test_error_percent']:.2f} %", page=README)
+    overhead = _load("torch_trainer_overhead.json")["train_epochs_time_ratio"]
+    _row("| Trainer + TorchLearner, time of the training epochs |", f"{overhead:.3f}x",
+         page=README)
