@@ -42,10 +42,10 @@ test-fast: setup
 # The documentation site, built into site/ in strict mode (a broken link, a missing page or a
 # docstring reference that does not resolve fails it); docs-serve previews it while you edit.
 docs: setup
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 docs-serve: setup
-	$(VENV)/bin/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf $(VENV) build site src/*.egg-info .pytest_cache
