@@ -25,9 +25,10 @@ batch (ResNet18, CIFAR-10, batch 64: 142.6 s per epoch, i.e. 50,000 / 142.6 = 35
 samples/s, as quoted in this project's issue 22; an epoch there includes what its loop does
 besides training steps, and its GPU is not ours, so the ratio is indicative only).
 
-Left out on purpose: CUDA-graph capture of the TAGI step. It would only be worth its
-complexity (static shapes, no host syncs inside the step) if measured to win, and this script
-has not been run on a GPU yet.
+  lstm b5, lstm b64 (with --compiled): pytagi's LSTM example network at batch 5 and 64, the
+            eager loop against `net.compile()` (the whole step as one inductor program) and
+            `net.compile(mode="reduce-overhead")` (that program replayed as a CUDA graph); the
+            compile time is left out (one untimed compiled step first), and reported.
 """
 
 from __future__ import annotations
@@ -143,11 +144,63 @@ def run_case(network: str, batch: int, steps: int, repeats: int,
             / summary["torch"]["seconds_per_step"], "runs": runs}
 
 
+def compiled_cases(device: torch.device, steps: int, repeats: int,
+                   backend: str = "inductor") -> list[dict]:
+    """ms per step of the LSTM example: eager, compiled, compiled + CUDA graph (on CUDA)."""
+    from dptrain import tagi
+
+    modes = {"eager": None, "compiled": {}}
+    if device.type == "cuda":
+        modes["cuda_graph"] = {"mode": "reduce-overhead"}
+    rows = []
+    for batch in (5, 64):
+        steppers, compile_s = {}, {}
+        for name, kwargs in modes.items():
+            tagi.manual_seed(0)
+            net = tagi.Sequential(tagi.LSTM(1, 8, 5), tagi.LSTM(8, 8, 5), tagi.Linear(40, 1)
+                                  ).to(device)
+            step = net.compile(backend=backend, **(kwargs or {}))
+            if kwargs is None:
+                step._give_up("the eager reference")  # the plain pytagi loop
+            steppers[name] = step
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(batch, 5, generator=g).to(device)
+        y = torch.randn(batch, 1, generator=g).to(device)
+        for name, step in steppers.items():
+            step(x, y, 0.09)  # eager first step
+            start = time.perf_counter()
+            step(x, y, 0.09)  # compiles
+            _sync(device)
+            compile_s[name] = time.perf_counter() - start
+        times: dict[str, list[float]] = {name: [] for name in steppers}
+        for r in range(repeats):
+            for name in (list(steppers) if r % 2 == 0 else list(steppers)[::-1]):
+                _sync(device)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    steppers[name](x, y, 0.09)
+                _sync(device)
+                times[name].append(1e3 * (time.perf_counter() - start) / steps)
+        rows.append({"case": f"lstm b{batch}",
+                     **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
+                     "compile_s": compile_s,
+                     "fallbacks": {n: s.fallback_reason for n, s in steppers.items()
+                                   if n != "eager"}})
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 repeat of 3 steps; no JSON")
+    p.add_argument("--compiled", action="store_true",
+                   help="also the LSTM example: eager vs compiled vs CUDA-graph replay")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -165,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['torch']['samples_per_s']:,.1f} samples/s, peak "
               f"{r['torch']['peak_gpu_mb']:,.0f} MB; TAGI step / torch step "
               f"{r['tagi_step_over_torch_step']:.2f}x")
+    compiled = compiled_cases(device, args.steps * 10, args.repeats) if args.compiled else []
+    for r in compiled:
+        print(f"{r['case']:8} " + ", ".join(f"{k[:-3]} {v:.3f} ms" for k, v in r.items()
+                                           if k.endswith("_ms")) + f"; compile {r['compile_s']}")
     resnet = results[0]["tagi"]["samples_per_s"]
     vs_pytagi = resnet / PYTAGI_PUBLISHED["samples_per_s"]
     print(f"TAGI ResNet18 {resnet:,.1f} samples/s against pytagi's published "
@@ -181,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                     "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32},
             "cpu": cpu_model(), "torch": torch.__version__,
             "environment": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES",)},
-            "results": results, "pytagi_published": PYTAGI_PUBLISHED,
+            "results": results, "compiled_step": compiled, "pytagi_published": PYTAGI_PUBLISHED,
             "tagi_resnet18_over_pytagi_published": vs_pytagi})
         print(f"wrote {args.output}")
     return 0

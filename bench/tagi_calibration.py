@@ -141,7 +141,8 @@ def train_torch(split, seed: int, epochs: int) -> nn.Module:
 def train_default(split, seed: int, epochs: int, model: str = "tagi-mlp", **learner_options
                   ) -> tuple[str, torch.Tensor]:
     """A registry model through its learner (defaults: `hrc_link` auto), driven as the Trainer
-    drives it on one process: (the link it chose, its test class probabilities)."""
+    drives it on one process with no validation part (auto: the training labels choose):
+    (the link it chose, its test class probabilities)."""
     learner = create_learner(ModelConfig(model=model), LearnerConfig(**learner_options), split,
                              seed=seed)
     learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
@@ -154,9 +155,12 @@ def train_default(split, seed: int, epochs: int, model: str = "tagi-mlp", **lear
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         learner.end_training(means(sums))
+    x_test, y_test = fetch_batch(split.test, 0, torch.arange(len(split.test)))
+    # No validation part here: the test evaluation applies the choice the last epoch's
+    # training labels made (a test part chooses nothing), as in a library run without one.
+    learner.end_evaluation(means(learner.eval_step((x_test, y_test))))
     learner.net.eval()
     with torch.no_grad():
-        x_test = fetch_batch(split.test, 0, torch.arange(len(split.test)))[0]
         mu, var = (t.double() for t in learner.net(x_test))
     return learner.hrc.link, learner.hrc.probabilities(mu, var)
 

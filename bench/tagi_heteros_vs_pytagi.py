@@ -49,22 +49,40 @@ def make_data(epochs: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
             "batch_size": np.array(batch_size)}
 
 
-def run_ours(data: dict[str, np.ndarray], seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+#: with --compile: seconds of the first two steps of each run (eager, then compiling)
+COMPILE_SECONDS: list[float] = []
+
+
+def run_ours(data: dict[str, np.ndarray], seed: int, compile: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, float]:
+    """`compile`: train with `net.compile("heteros")`; its first two steps (eager, then
+    compiling) are left out of the time and recorded in `COMPILE_SECONDS`."""
     torch.set_num_threads(1)
     manual_seed(seed)
     net = Sequential(Linear(1, 128), ReLU(), Linear(128, 128), ReLU(), Linear(128, 2), EvenExp())
     updater = OutputUpdater()
     x_train, y_train = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
     batch = int(data["batch_size"])
+    step = net.compile("heteros") if compile else None
     start = time.perf_counter()
     for order in torch.from_numpy(data["orders"]):
         for i in range(0, len(order) - batch + 1, batch):
             idx = order[i:i + batch]
+            if step is not None:
+                step(x_train[idx], y_train[idx])
+                if step.compiled_steps + step.eager_steps == 2:
+                    COMPILE_SECONDS.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                continue
             net(x_train[idx])
             updater.update_heteros(net.output_z_buffer, y_train[idx], net.input_delta_z_buffer)
             net.backward()
             net.step()
     seconds = time.perf_counter() - start
+    if step is not None:
+        assert step.fallback_reason is None, step.fallback_reason
+        done = step.compiled_steps + step.eager_steps
+        seconds *= done / (done - 2)
     net.eval()
     mu, var = net(torch.from_numpy(data["x_test"]))
     return mu.numpy(), var.numpy(), seconds
@@ -98,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs; writes nothing")
+    p.add_argument("--compile", action="store_true",
+                   help="train ours with net.compile(); samples/s then leaves out the first "
+                        "two steps (eager, compiling), reported as compile_seconds")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -110,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             data_file = Path(tmp) / f"data{seed}.npz"
             np.savez(data_file, **data)
             samples = args.epochs * (len(data["x_train"]) // args.batch_size) * args.batch_size
-            runs = [("dptrain", lambda: run_ours(data, seed)),
+            runs = [("dptrain", lambda: run_ours(data, seed, args.compile)),
                     ("pytagi", lambda: run_pytagi(python, data_file, seed))]
             for name, fn in (runs if seed % 2 == 0 else runs[::-1]):
                 mu, var, seconds = fn()
@@ -124,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{'>=' if ll_ok else '<'} pytagi's")
     if not args.quick:
         write_json(args.output, {"command": command_line(), "seeds": args.seeds,
+                                 "compiled": args.compile, "compile_seconds": COMPILE_SECONDS,
                                  "epochs": args.epochs, "batch_size": args.batch_size,
                                  "per_seed": rows, "summary": summary, "speed_ratio": speedup,
                                  "hardware": hardware(), "git": git_describe(),

@@ -41,6 +41,8 @@ DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_lstm_vs_pytagi.json"
 SPEED_TARGET = 2.0
 WINDOW, TRAIN_DAYS, TEST_DAYS = 5, 924, 232
 SIGMA_V = (1.0, 0.3, 0.99)  # start, floor, decay per epoch (pytagi's exponential_scheduler)
+#: with --compile: seconds of the first two steps of each run (eager, then compiling)
+COMPILE_SECONDS: list[float] = []
 
 
 def sine_series() -> np.ndarray:
@@ -82,8 +84,11 @@ def build_ours(seed: int, dtype: torch.dtype = torch.float32) -> tagi.Sequential
 
 
 def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray] | None = None,
-             dtype: torch.dtype = torch.float32) -> tuple[np.ndarray, np.ndarray, float]:
-    """`init`: start from these parameters (state_dict keys) instead of our own draws."""
+             dtype: torch.dtype = torch.float32, compile: bool = False,
+             ) -> tuple[np.ndarray, np.ndarray, float]:
+    """`init`: start from these parameters (state_dict keys) instead of our own draws.
+    `compile`: train with `net.compile()`; its first two steps (eager, then tracing and code
+    generation) are left out of the time and recorded in `COMPILE_SECONDS`."""
     torch.set_num_threads(1)
     net = build_ours(seed, dtype)
     if init is not None:
@@ -96,10 +101,17 @@ def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray]
     y_train = torch.from_numpy(data["y_train"]).to(dtype)
     x_test = torch.from_numpy(data["x_test"]).to(dtype)
     batch, sigma_v = int(data["batch_size"]), SIGMA_V[0]
+    step = net.compile() if compile else None
     start = time.perf_counter()
     for epoch in range(int(data["epochs"])):
         sigma_v = sigma_v_at(epoch, sigma_v)
         for i in range(0, len(x_train) - batch + 1, batch):
+            if step is not None:
+                step(x_train[i:i + batch], y_train[i:i + batch], sigma_v**2)
+                if step.compiled_steps + step.eager_steps == 2 and epoch == 0:
+                    COMPILE_SECONDS.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                continue
             net(x_train[i:i + batch])
             updater.update(net.output_z_buffer, y_train[i:i + batch], sigma_v**2,
                            net.input_delta_z_buffer)
@@ -107,6 +119,10 @@ def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray]
             net.step()
         net.reset_lstm_states()
     seconds = time.perf_counter() - start
+    if step is not None:
+        assert step.fallback_reason is None, step.fallback_reason
+        seconds *= (step.compiled_steps + step.eager_steps) / (step.compiled_steps +
+                                                                step.eager_steps - 2)
     mus, variances = [], []
     for i in range(0, len(x_test) - batch + 1, batch):
         mu, var = net(x_test[i:i + batch])
@@ -144,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs; writes nothing")
+    p.add_argument("--compile", action="store_true",
+                   help="train ours with net.compile(); samples/s then leaves out the first "
+                        "two steps (eager, compiling), reported as compile_seconds")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -156,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         data_file = Path(tmp) / "data.npz"
         np.savez(data_file, **data)
         for seed in range(args.seeds):
-            runs = [("dptrain", lambda: run_ours(data, seed)),
+            runs = [("dptrain", lambda: run_ours(data, seed, compile=args.compile)),
                     ("pytagi", lambda: run_pytagi(python, data_file, seed))]
             for name, fn in (runs if seed % 2 == 0 else runs[::-1]):
                 mu, var, seconds = fn()
@@ -173,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.output, {"command": command_line(), "seeds": args.seeds,
                                  "epochs": args.epochs, "batch_size": args.batch_size,
                                  "per_seed": rows, "summary": summary, "speed_ratio": speedup,
+                                 "compiled": args.compile, "compile_seconds": COMPILE_SECONDS,
                                  "hardware": hardware(), "git": git_describe(),
                                  "torch": torch.__version__})
 

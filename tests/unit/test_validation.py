@@ -62,7 +62,7 @@ def test_series_parts_are_sized_in_time_steps_or_fractions():
      "leaves none to train on"),
     ({"dataset": "digits", "val_size": "0"}, ConfigError, "--val-size: expected a count"),
     ({"dataset": "digits", "test_size": "100"}, ConfigError,
-     "test-size: for time series (sine, seasonal, series); digits is not one"),
+     "test-size: for time series (sine, seasonal, hourly, series); digits is not one"),
 ])
 def test_bad_sizes_are_one_line_saying_what_and_where(options, error, message):
     with pytest.raises(error) as caught:
@@ -189,7 +189,8 @@ def test_a_run_written_before_validation_parts_resumes_as_it_began(tmp_path, cap
     --batch-size 64 --keep-last 1` run by the dptrain before this change (its epochs.csv and
     newest checkpoint; the record lacks val_size). Resumed by today's command with no new
     option, it goes on with no validation part (all 1437 training samples, 23 steps an epoch,
-    no val_* column) and monitors test_error as it did; resumed again, the same."""
+    no val_* column), monitors test_error and decodes with pytagi's probit link as it did;
+    resumed again, the same."""
     run = Path(shutil.copytree(DATA / "run_before_validation", tmp_path / "run"))
     before = (run / "epochs.csv").read_text()
     args = ["train", "--nproc", "1", "--hidden", "8", "--batch-size", "64", "--keep-last", "1",
@@ -202,6 +203,9 @@ def test_a_run_written_before_validation_parts_resumes_as_it_began(tmp_path, cap
     assert list(rows[0]) == before.splitlines()[0].split(","), "no val_* column"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["monitor"] == "test_error" and summary["resumed_from"]
+    assert summary["hrc_link"] == "probit", "from before the link choice: pytagi's link"
+    for meta in run.glob("checkpoints/*/meta.json"):  # the record: fixed, not chosen
+        assert json.loads(meta.read_text())["run_record"]["hrc_link"] == "probit", meta
     assert summary["best_test_error"] == min(float(r["test_error"]) for r in rows)
     out = capsys.readouterr().out
     assert "by test_error" in out and "validation" not in out.split("dptrain train:")[1][:300]

@@ -170,7 +170,8 @@ def tagi_learner(model: Any, config: LearnerConfig, split: Split,
                        sigma_v=config.sigma_v, sigma_v_min=config.sigma_v_min,
                        sigma_v_decay=config.sigma_v_decay, average=config.average,
                        y_scale=y_scale, heteroscedastic=heteroscedastic,
-                       stop_on_collapse=config.stop_on_collapse, hrc_link=config.hrc_link)
+                       stop_on_collapse=config.stop_on_collapse, hrc_link=config.hrc_link,
+                       compile=config.compile)
 
 
 def torch_learner(model: nn.Module, config: LearnerConfig, task: str,

@@ -61,6 +61,15 @@ def pop_calibration(means: dict[str, float]) -> list[dict[str, float]] | None:
     return bins
 
 
+def confidence_gap(means: dict[str, float]) -> float:
+    """|mean confidence − accuracy| over all of an evaluation's samples, from the means of its
+    bin sums (ECE with a single bin: calibration in the large); NaN without them."""
+    if f"{PREFIX}0_count" not in means:
+        return float("nan")
+    return abs(sum(means[f"{PREFIX}{k}_conf"] - means[f"{PREFIX}{k}_acc"]
+                   for k in range(NUM_BINS)))
+
+
 def expected_calibration_error(bins: list[dict[str, float]]) -> float:
     return sum(b["gap"] for b in bins)
 

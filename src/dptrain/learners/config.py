@@ -115,8 +115,12 @@ class LearnerConfig:
                                                         metadata=cli(choices=True))
     """TAGI classification: how class probabilities come from the outputs' moments: the mean
     link (calibrated on noisy labels), pytagi's probit (clean labels), or auto: after each
-    epoch the one that scored that epoch's training labels better (docs/tagi.md,
+    epoch the one whose confidence is nearer the validation accuracy (without a validation
+    part: under which that epoch's training labels were likelier; docs/tagi.md,
     Calibration)."""
+    compile: bool = field(default=False, metadata=resumable())
+    """TAGI: run each training step as one compiled program (the same parameters as eager;
+    docs/tagi.md, Compiled step); what cannot be captured steps eagerly, saying why."""
     lr: float = 3e-3
     """Torch models: the peak learning rate, for a global batch of lr-batch when lr-scaling
     is linear or sqrt (the rate used is then printed at start and kept in the run's record)."""

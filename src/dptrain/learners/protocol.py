@@ -66,10 +66,11 @@ class Learner(Protocol):
         take out terms it keeps for itself, named with a leading "_" (TAGI chooses its
         class-probability link from them), before the evaluation that follows."""
 
-    def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
+    def end_evaluation(self, means: dict[str, float], part: str = "test") -> dict[str, float]:
         """Every rank, after each evaluation, with the means of `eval_step`'s metrics over every
-        test sample: the metrics to report, with terms that only make sense summed over the
-        whole test set (calibration bins) turned into their metric (`ece`)."""
+        sample of `part` ("val" or "test"): the metrics to report, with terms that only make
+        sense summed over the whole part (calibration bins) turned into their metric (`ece`).
+        A learner may choose from the "val" part (TAGI's link), never from "test"."""
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's parameters (and buffers) as plain tensors with the names a

@@ -13,12 +13,13 @@ from dptrain.dist import DDPConfig, Runtime
 from dptrain.errors import ConfigError
 from dptrain.data.loader import fetch_batch
 from dptrain.learners import calibration, collapse
-from dptrain.learners.calibration import calibration_sums
+from dptrain.learners.calibration import calibration_sums, confidence_gap
 from dptrain.learners.forecast import forecast_report
 from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
 from dptrain.tagi.ddp import DDPSequential
+from dptrain.tagi.compiled import CompiledStep
 from dptrain.tagi.hrc_softmax import LINKS, Link
 
 if TYPE_CHECKING:
@@ -65,10 +66,11 @@ class TagiLearner:
         hrc_link: classification only: how the hierarchical softmax turns output moments into
             class probabilities (`HRCSoftmax`'s `link`, docs/tagi.md, Calibration): "mean" (for
             noisy labels), "probit" (pytagi's, for clean ones) or "auto" (the default): after
-            each training epoch, the link under which that epoch's training labels were more
-            likely, each scored by the forward pass before its update (`end_training`); pytagi's
-            probit until the first epoch ends. It changes no update, only the probabilities,
-            and with them the predicted class.
+            each training epoch, the link whose mean confidence is nearer the validation
+            accuracy (`end_evaluation` of the "val" part); in a run without a validation part,
+            the one under which that epoch's training labels were likelier, each scored by the
+            forward pass before its update; pytagi's probit until the first epoch ends. It
+            changes no update, only the probabilities, and with them the predicted class.
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
     element), and `log_likelihood` of the targets under the predictive distribution; for
@@ -87,8 +89,8 @@ class TagiLearner:
                  num_classes: int | None = None, sigma_v: float = 0.05,
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
-                 stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto"
-                 ) -> None:
+                 stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto",
+                 compile: bool = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -116,7 +118,13 @@ class TagiLearner:
         self.average_over: int | None = None
         """Average mode's N: the world size of `setup`, or the run's from `load_state_dict`."""
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
+        self._train_scores: dict[str, float] | None = None
+        """Each link's log-likelihood of the last epoch's training labels, until an evaluation
+        has used or passed them over (`_choose_link`)."""
         self.stop_on_collapse = stop_on_collapse
+        self.compile = compile
+        self.compiled: CompiledStep | None = None
+        """`compile`'s training step (`DDPSequential.compile`), made by `setup`."""
         self.collapse: dict[str, Any] | None = None
         """The first evaluation's collapse record (`dptrain.learners.collapse.verdict`)."""
 
@@ -128,6 +136,9 @@ class TagiLearner:
         self.net = DDPSequential(self.model, config, average=self.average,
                                  average_over=self.average_over)
         self.average_over = self.net.average_over
+        if self.compile:
+            update = "indices" if self.hrc else "heteros" if self.heteroscedastic else "plain"
+            self.compiled = self.net.compile(update)
         if self.y_scale is not None:
             self.y_scale = self.y_scale.to(self.model.device, self.model.dtype)
 
@@ -169,6 +180,8 @@ class TagiLearner:
         net = self._ddp()
         x, y = batch
         net.train()
+        if self.compiled is not None:
+            return self._compiled_step(x, y)
         mu, var = net(x)
         metrics = self._metrics(mu, var, y)
         if self.hrc is not None and self.hrc_link == "auto":
@@ -189,13 +202,25 @@ class TagiLearner:
         return metrics
 
     def end_training(self, means: dict[str, float]) -> dict[str, float]:
-        """Takes out the links' scores; with `hrc_link` auto, the better one decodes from now
-        on (the same on every rank: the means are over all of them)."""
+        """Takes out the links' training scores: with `hrc_link` auto and no validation part,
+        the epoch's first evaluation chooses the link from them (`end_evaluation`)."""
         scores = {link: means.pop(f"{_LINK_PREFIX}{link}", math.nan) for link in LINKS}
-        if self.hrc is not None and self.hrc_link == "auto" \
-                and all(math.isfinite(v) for v in scores.values()):
-            self.hrc = self._decoders[max(LINKS, key=lambda link: (scores[link], link))]
+        self._train_scores = scores if self.hrc is not None and self.hrc_link == "auto" else None
         return means
+
+    def _compiled_step(self, x: torch.Tensor, y: torch.Tensor) -> Metrics:
+        """`train_step` as one compiled call: the same update, the same metrics."""
+        assert self.compiled is not None
+        dtype, noise = self.model.dtype, self.sigma_v ** 2
+        if self.hrc is not None:
+            obs, idx = self.hrc.encode(y, dtype=dtype)
+            mu, var = self.compiled(x, obs, noise, idx)
+        else:
+            mu, var = self.compiled(x, y.to(dtype), noise)
+        metrics = self._metrics(mu, var, y)
+        if self.hrc is not None and self.hrc_link == "auto":
+            metrics.update(_link_scores(self._decoders, mu, var, y))
+        return metrics
 
     def eval_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
@@ -203,11 +228,14 @@ class TagiLearner:
         net.eval()
         mu, var = net(x)
         net.train()
-        metrics = self._metrics(mu, var, y)
-        if self.hrc is not None:
-            probs = self.hrc.probabilities(mu, var)
-            metrics.update(calibration_sums(probs, y))
-            metrics.update(_class_counts(probs))
+        if self.hrc is None:
+            metrics = self._metrics(mu, var, y)
+        else:
+            metrics = _class_metrics(self.hrc, mu, var, y)
+            if self.hrc_link == "auto":  # and the other link's: `end_evaluation` chooses
+                metrics.update({f"{_EVAL_LINK_PREFIX}{link}:{name}": value
+                                for link, hrc in self._decoders.items() if hrc is not self.hrc
+                                for name, value in _class_metrics(hrc, mu, var, y).items()})
         metrics.update(collapse.output_sums(self._bands(mu, var)[0] if self.heteroscedastic
                                             else mu))
         return metrics
@@ -314,7 +342,12 @@ class TagiLearner:
 
     # -- the Trainer's hooks ------------------------------------------------------------------
 
-    def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
+    def end_evaluation(self, means: dict[str, float], part: str = "test") -> dict[str, float]:
+        """With `hrc_link` auto, the link is chosen here: from the validation evaluation's
+        labels, or, in a run without a validation part, from the epoch's training labels at its
+        first evaluation; the evaluation reports the metrics under the link chosen."""
+        if self.hrc is not None and self.hrc_link == "auto":
+            means = self._choose_link(means, part)
         means, self.calibration = calibration.end_evaluation(means)
         spread = collapse.pop_output_spread(means)
         top_share = _pop_top_class_share(means)
@@ -324,6 +357,37 @@ class TagiLearner:
                 collapse.check(self.collapse, self.stop_on_collapse)
                 log.warning(collapse.message(self.collapse))
         return means
+
+    def _choose_link(self, means: dict[str, float], part: str) -> dict[str, float]:
+        """`eval_step`'s metrics under each link split apart; those of the link chosen stay.
+
+        The validation part ("val") chooses the link whose mean confidence is nearer its
+        accuracy there; a run without one, the link under which the epoch's training labels
+        were likelier (at the epoch's first evaluation, before any test one reports). The same
+        on every rank: the means are over all of them; a tie keeps the probit link. Why the
+        confidence gap and not the validation log-likelihood: a validation part of a few
+        hundred samples leaves the likelihood to a few labels the mean link gives a
+        probability near 0 (docs/tagi.md, Calibration)."""
+        per_link: dict[str, dict[str, float]] = {link: {} for link in LINKS}
+        rest = {}
+        for name, value in means.items():
+            link, _, metric = name.removeprefix(_EVAL_LINK_PREFIX).partition(":")
+            if name.startswith(_EVAL_LINK_PREFIX) and link in per_link:
+                per_link[link][metric] = value
+            else:
+                rest[name] = value
+        # The link in use reported its metrics under their own names, the other one prefixed.
+        other = next(iter(m for link, m in per_link.items() if link != self.hrc.link))
+        per_link[self.hrc.link] = {name: rest.pop(name) for name in other if name in rest}
+        scores = None
+        if part == "val":
+            scores = {link: -confidence_gap(per_link[link]) for link in LINKS}
+        elif self._train_scores is not None:
+            scores = self._train_scores
+        self._train_scores = None  # the training labels choose once, and only without "val"
+        if scores is not None and all(math.isfinite(v) for v in scores.values()):
+            self.hrc = self._decoders[max(LINKS, key=lambda link: (scores[link], link))]
+        return {**per_link[self.hrc.link], **rest}
 
     def save_checkpoint(self, directory: Path) -> dict[str, Any]:
         """Rank 0's state file holds it all (replicas are identical)."""
@@ -365,6 +429,9 @@ class TagiLearner:
 _CLASS_PREFIX = "pred_class"
 _LINK_PREFIX = "_hrc_link_log_likelihood_"
 """Train metrics for `end_training` alone (the leading "_": not shown by the progress bar)."""
+_EVAL_LINK_PREFIX = "_hrc_link_"
+"""With `hrc_link` auto, `eval_step`'s metrics under the link not in use, as
+`_hrc_link_{link}:{name}`."""
 
 
 def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.Tensor,
@@ -375,6 +442,18 @@ def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.T
     sums = torch.stack([hrc.probabilities(mu, var).gather(1, at).clamp_min(1e-12).log().sum()
                         for hrc in decoders.values()]).tolist()  # one device sync for both
     return {f"{_LINK_PREFIX}{link}": (total, n) for link, total in zip(decoders, sums)}
+
+
+def _class_metrics(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
+                   ) -> Metrics:
+    """A classification evaluation's metrics with `hrc`'s class probabilities: error,
+    log-likelihood, calibration bins, predicted class counts."""
+    probs = hrc.probabilities(mu, var)
+    n = float(labels.shape[0])
+    wrong = (probs.argmax(1) != labels).sum().item()
+    true_p = probs.gather(1, labels.long().reshape(-1, 1)).clamp_min(1e-12)
+    return {"error": (float(wrong), n), "log_likelihood": (true_p.log().sum().item(), n),
+            **calibration_sums(probs, labels), **_class_counts(probs)}
 
 
 def _class_counts(probs: torch.Tensor) -> Metrics:

@@ -647,7 +647,7 @@ class TorchLearner:
 
     # -- the Trainer's hooks ------------------------------------------------------------------
 
-    def end_evaluation(self, means: dict[str, float]) -> dict[str, float]:
+    def end_evaluation(self, means: dict[str, float], part: str = "test") -> dict[str, float]:
         means, self.calibration = calibration.end_evaluation(means)
         return means
 

@@ -63,6 +63,7 @@ from dptrain import dist as dd
 from dptrain.dist import DDPConfig
 from dptrain.dist.collectives import guarded
 from dptrain.errors import ConfigError, RankFailure
+from dptrain.tagi.compiled import CompiledStep
 from dptrain.tagi.norm import BatchNorm2d
 from dptrain.tagi.sequential import Sequential
 
@@ -312,6 +313,24 @@ class DDPSequential:
 
     def step(self) -> None:
         """Finish the all-reduce of the deltas (sum or mean), then the capped update."""
+        cap = self._reduce_deltas()
+        saved, self.model.cap_batch_size = self.model.cap_batch_size, cap
+        try:  # scoped to this step: the model used on its own later caps with its own batch
+            self.model.step()
+        finally:
+            self.model.cap_batch_size = saved
+
+    def compile(self, update: str = "plain", backend: str = "inductor",
+                mode: str | None = None) -> CompiledStep:
+        """The model's step as one compiled program (`Sequential.compile`), the all-reduce
+        outside it, between the deltas and the capped step: collectives are not traceable.
+        A step the program does not take (another batch shape, an uncapturable network) is
+        this wrapper's eager loop, so every rank joins the same collectives either way."""
+        return CompiledStep(self.model, update, backend=backend, mode=mode,
+                            reduce=self._reduce_deltas, eager=self)
+
+    def _reduce_deltas(self) -> int:
+        """The all-reduce of the deltas (sum, or mean); returns the batch size of the cap."""
         local_batch = self.model.last_batch_size
         if local_batch is None:
             raise RuntimeError("step() needs a forward in training mode first")
@@ -331,13 +350,8 @@ class DDPSequential:
         # Sum mode caps with the global batch (equivalence); average mode with the mean local
         # batch, the same on every rank (pytagi's local cap when the shards are even), at least
         # 1 for a last batch with fewer samples than N.
-        cap = max(1, self.global_batch_size // self.average_over) if self.average else \
+        return max(1, self.global_batch_size // self.average_over) if self.average else \
             self.global_batch_size
-        saved, self.model.cap_batch_size = self.model.cap_batch_size, cap
-        try:  # scoped to this step: the model used on its own later caps with its own batch
-            self.model.step()
-        finally:
-            self.model.cap_batch_size = saved
 
     @property
     def num_collectives(self) -> int:

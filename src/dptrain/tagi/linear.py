@@ -80,6 +80,9 @@ class Linear(ParamLayer):
         `clear_cache()` after those.
         """
         mu_w, var_w = self.mu_w, self.var_w
+        if torch.compiler.is_compiling():  # traced: no cached state to guard on
+            mu_w_sq = mu_w * mu_w
+            return mu_w_sq, mu_w_sq + var_w
         version = _version(mu_w), _version(var_w)
         cache = self._weight_cache
         if (cache is None or cache[0] is not mu_w or cache[1] is not var_w or

@@ -173,11 +173,14 @@ class LSTM(ParamLayer):
             the variance innovation of the input.
         """
         mu_w, var_w = self.mu_w, self.var_w
-        version = _version(mu_w), _version(var_w)
-        cache = self._weight_cache
-        if (cache is None or cache["mu_w"] is not mu_w or cache["var_w"] is not var_w or
-                cache["version"] != version or version[0] is None):
-            cache = self._weight_cache = {"mu_w": mu_w, "var_w": var_w, "version": version}
+        if torch.compiler.is_compiling():  # traced: no cached state to guard on
+            cache: dict = {}
+        else:
+            version = _version(mu_w), _version(var_w)
+            cache = self._weight_cache
+            if (cache is None or cache["mu_w"] is not mu_w or cache["var_w"] is not var_w or
+                    cache["version"] != version or version[0] is None):
+                cache = self._weight_cache = {"mu_w": mu_w, "var_w": var_w, "version": version}
         if name not in cache:
             o, i = self.output_size, self.input_size
             gates = mu_w.view(4, o, i + o)
@@ -374,7 +377,10 @@ def _gate_moments(mu_z: torch.Tensor, var_z: torch.Tensor
     J = (1 − m)(m + e) with e = 1 for c̃, 0 elsewhere: m(1 − m) for a sigmoid, 1 − m² for tanh.
     """
     mu = torch.sigmoid(mu_z)
-    torch.tanh(mu_z[:, :, 2], out=mu[:, :, 2])
+    if torch.compiler.is_compiling():  # a compiled step takes no strided out=, and fuses this
+        mu[:, :, 2] = torch.tanh(mu_z[:, :, 2])
+    else:
+        torch.tanh(mu_z[:, :, 2], out=mu[:, :, 2])
     jcb = (constant(1.0, mu) - mu).mul_(mu + _cell_gate_indicator(mu))
     return mu, jcb * jcb * var_z, jcb
 

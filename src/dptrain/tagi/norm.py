@@ -35,7 +35,7 @@ StatsGather = Callable[[torch.Tensor], torch.Tensor]
 def moments(mu_a: torch.Tensor, var_a: torch.Tensor | None, dims: tuple[int, ...]
             ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """(n, mean, M2) over `dims` (kept as size 1): M2 = Σ (m_A − mean)² + Σ v_A."""
-    count = math.prod(mu_a.shape[d] for d in dims)
+    count = math.prod([mu_a.shape[d] for d in dims])  # a list: traceable
     if count == 0:  # a rank without a sample: weight 0 in `combine_moments`, and no NaN there
         shape = [1 if d in dims else n for d, n in enumerate(mu_a.shape)]
         return 0, mu_a.new_zeros(shape), mu_a.new_zeros(shape)

@@ -15,6 +15,7 @@ from dptrain.tagi import _io
 from dptrain.tagi._inputs import as_input, checked_output_delta, float_dtype
 from dptrain.tagi._pack import ParameterPack, StatePack
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
+from dptrain.tagi.compiled import CompiledStep
 from dptrain.tagi.slstm import smooth_layers
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
@@ -274,11 +275,7 @@ class Sequential(Layer):
         ready = self.deltas_ready if self._pack is not None else None
         with torch.no_grad():
             if ready is None:
-                for i in range(len(self.layers) - 1, self._first_param - 1, -1):
-                    layer = self.layers[i]
-                    if not layer.is_activation:
-                        delta = layer.backward(delta,
-                                               bool(need_input_delta) or i > self._first_param)
+                delta = self._backward_layers(delta, bool(need_input_delta))
                 if self._pack is not None:  # the outermost Sequential owns the delta storage
                     self._pack.scale_deltas()
             else:
@@ -287,6 +284,15 @@ class Sequential(Layer):
             self._check_bindings()
         if top_level:
             self.input_delta_x = delta if need_input_delta else None
+        return delta
+
+    def _backward_layers(self, delta: DeltaStates, need_input_delta: bool
+                         ) -> DeltaStates | None:
+        """The layer loop of `backward()`, last layer first (also traced by a compiled step)."""
+        for i in range(len(self.layers) - 1, self._first_param - 1, -1):
+            layer = self.layers[i]
+            if not layer.is_activation:
+                delta = layer.backward(delta, need_input_delta or i > self._first_param)
         return delta
 
     def _backward_announcing(self, delta: DeltaStates, need_input_delta: bool,
@@ -333,6 +339,15 @@ class Sequential(Layer):
                                "cap_batch_size)")
         with torch.no_grad():
             pack.step(cap_factor(batch))
+
+    def compile(self, update: str = "plain", backend: str = "inductor",
+                mode: str | None = None) -> CompiledStep:
+        """The training step as one compiled call: `step = net.compile()`, then per batch
+        `mu, var = step(x, y, var_y)` does forward, update ("plain", "indices" with
+        `selected_idx=`, or "heteros"), backward and step, with the same parameters as the
+        eager loop (docs/tagi.md, Compiled step). Falls back to eager, with one log line, for
+        a network it cannot capture. `mode="reduce-overhead"` replays it as a CUDA graph."""
+        return CompiledStep(self, update, backend=backend, mode=mode)
 
     # ------------------------------------------------------------------ modes, devices, state
     def to(self, *args: torch.device | str | torch.dtype, device: torch.device | str | None = None,
