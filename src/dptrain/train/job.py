@@ -11,10 +11,12 @@ them to `options.json` for the processes it launches); rank 0 writes the run dir
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -93,12 +95,9 @@ def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
     options = resumed_options(options)
-    series_log = logging.getLogger("dptrain.data.datasets.series")
-    was_disabled, series_log.disabled = series_log.disabled, True
-    try:  # a left-out or constant series is named once, by the workers' rank 0
+    with silenced("dptrain.data.datasets.series"):
+        # a left-out or constant series is named once, by the workers' rank 0
         split = load_job_split(options)
-    finally:
-        series_log.disabled = was_disabled
     model, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
                                dataset=options.dataset)
     if kind == "tagi":
@@ -146,6 +145,17 @@ def run_length(options: TrainOptions) -> RunLength:
 
 
 
+@contextlib.contextmanager
+def silenced(name: str) -> Iterator[None]:
+    """Logger `name` says nothing inside: for work whose warnings the real run gives again."""
+    logger = logging.getLogger(name)
+    was_disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = was_disabled
+
+
 def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     """The metric names a run with `options` reports each epoch (epochs.csv's columns but
     epoch and step): what the learner it builds reports, found by asking it, not by a list
@@ -154,13 +164,18 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     model = options.part(ModelConfig)
     if model.precision == "fp16":  # needs CUDA; the metrics are those of float32
         model = replace(model, precision="32")
-    learner = create_learner(model, options.part(LearnerConfig), split, seed=options.seed,
+    # A probe of one step judges nothing: its collapse verdict would be about two samples.
+    learner_config = replace(options.part(LearnerConfig), stop_on_collapse=False)
+    learner = create_learner(model, learner_config, split, seed=options.seed,
                              dataset=options.dataset, run=run_length(options))
     learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
     # Two samples at least: BatchNorm needs two values per channel to train.
-    train = learner.train_step(fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
-    tested = learner.eval_step(fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
-    evaluated = learner.end_evaluation(means(tested))
+    with silenced("dptrain.learners.tagi_learner"):
+        train = learner.train_step(
+            fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
+        tested = learner.eval_step(
+            fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
+        evaluated = learner.end_evaluation(means(tested))
     parts = ("val", "test") if split.validation is not None else ("test",)
     names = [*metric_names(learner.end_training(means(train)), "train"),
              *(name for part in parts for name in metric_names(evaluated, part))]
