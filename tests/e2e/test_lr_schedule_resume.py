@@ -26,14 +26,15 @@ from tests._cli import dptrain_cmd, run
 
 pytestmark = pytest.mark.e2e
 
-ROWS, BATCH, EPOCHS = 600, 32, 3
-STEPS = 3 * 15  # 480 training rows at batch 32: 15 steps per epoch; warmup = steps 0..14
+ROWS, BATCH, EPOCHS = 660, 32, 3
+STEPS = 3 * 15  # 528 training rows, 48 of them validate: 480 at batch 32, 15 steps per epoch;
+# warmup = steps 0..14
 RECIPE = ["--model", "torch-mlp", "--hidden", "16", "--epochs", str(EPOCHS), "--batch-size",
           str(BATCH), "--optimizer", "sgd", "--momentum", "0.9", "--nesterov",
           "--weight-decay", "1e-4", "--lr", "0.025", "--lr-batch", "16", "--lr-scaling",
           "linear", "--warmup", "1", "--warmup-start", "0.1", "--schedule", "cosine",
           "--min-lr", "1e-4", "--clip-grad-norm", "5", "--ema", "0.9", "--ema-every", "2",
-          "--checkpoint-every", "3", "--keep-last", "100", "--no-progress"]
+          "--checkpoint-every", "3", "--keep-last", "100", "--val-size", "48", "--no-progress"]
 
 
 def _table(path: Path) -> str:
@@ -91,7 +92,7 @@ def test_killed_in_warmup_and_in_decay_resized_or_not_the_lr_trace_and_weights_a
     assert trace[STEPS] < trace[30] < trace[16]  # cosine decay
     assert expected["ema_sha256"] != expected["params_sha256"]
     # With EMA the averaged model is the run's: monitored (best/), and what load_run loads.
-    assert expected["best_test_ema_rmse"] is not None
+    assert expected["monitor"] == "val_ema_rmse" and expected["best_val_ema_rmse"] is not None
     from dptrain.fingerprint import params_sha256
     from dptrain.inference import load_run
     assert params_sha256(load_run(tmp_path / "clean", which="last").model.state_dict()) == \

@@ -119,7 +119,8 @@ class DataConfig:
         if self.dataset.partition(":")[0] in SERIES_DATASETS:
             if self.val_size not in ("auto", NO_VALIDATION):
                 options["val_size"] = self.val_size
-            return {k: v for k, v in options.items() if v != "auto"}
+            return {k: v for k, v in options.items()
+                    if not (k in ("val_size", "test_size") and v == "auto")}
         return {k: v for k, v in options.items() if v != getattr(defaults, k)}
 
 

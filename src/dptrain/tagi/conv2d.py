@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dptrain.tagi._spatial import Window, channels_last, check_image, positive_int
-from dptrain.tagi.base import ParamLayer, init_scale
+from dptrain.tagi._conv import ConvLayer
+from dptrain.tagi._spatial import channels_last, check_image
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 _conv_backward = torch.ops.aten.convolution_backward
@@ -22,7 +22,7 @@ def _affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
 
-class Conv2d(ParamLayer):
+class Conv2d(ConvLayer):
     """Z = W ⋆ A + B with independent Gaussian W, B, A; forward moments are exact.
 
     Forward (conv = cross-correlation with this layer's stride and padding)::
@@ -44,54 +44,18 @@ class Conv2d(ParamLayer):
     pytagi's flat inputs (see `Sequential.forward`). Init (pytagi): m ~ N(0, s²), v = (gain·s)²,
     s = sqrt(1/(C k²)) for "He", sqrt(2/((C + O) k²)) for "Xavier", drawn at construction
     (pytagi draws at the first forward; copy parameters with `load_state_dict` for parity).
+    What it shares with ConvTranspose2d (arguments, parameters, moments) is in `_conv`.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, bias: bool = True,
-                 stride: int = 1, padding: int = 0, padding_type: int = 1, in_width: int = 0,
-                 in_height: int = 0, gain_weight: float = 1.0, gain_bias: float = 1.0,
-                 init_method: str = "He", *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
-        owner = "Conv2d"
-        self.in_channels = positive_int(owner, "in_channels", in_channels)
-        self.out_channels = positive_int(owner, "out_channels", out_channels)
-        self.window = Window.checked(owner, kernel_size, stride, padding, padding_type)
-        self.kernel_size = kernel_size
-        for name, value in (("in_width", in_width), ("in_height", in_height)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
-        if (in_width == 0) != (in_height == 0):
-            raise ValueError(f"{owner}: give both in_width and in_height (or neither), got "
-                             f"in_width={in_width}, in_height={in_height}")
-        self.in_width, self.in_height = in_width, in_height
-        self.bias = bias
-        super().__init__()
-        if in_width:  # an image that cannot pass this window fails now, not at the first step
-            self.window.output_hw(repr(self), in_height, in_width)
-        fan = kernel_size * kernel_size
-        scale = init_scale(init_method, fan * in_channels, fan * out_channels)
-        self._init_group("w", self._weight_shape, scale, gain_weight, dtype, device)
-        if bias:
-            self._init_group("b", (out_channels,), scale, gain_bias, dtype, device)
-        else:
-            self.mu_b = self.var_b = self.delta_mu_b = self.delta_var_b = None
-        self.clear_cache()
+    _transposed = False
 
     @property
     def _weight_shape(self) -> tuple[int, int, int, int]:
         k = self.kernel_size
         return (self.out_channels, self.in_channels, k, k)
 
-    def param_groups(self) -> list[tuple[str, tuple[int, ...]]]:
-        groups: list[tuple[str, tuple[int, ...]]] = [("w", self._weight_shape)]
-        if self.bias:
-            groups.append(("b", (self.out_channels,)))
-        return groups
-
-    def input_sample_shape(self) -> tuple[int, ...] | None:
-        """(C, H, W) when in_width/in_height were given: flat inputs can then be reshaped."""
-        if not self.in_width:
-            return None
-        return (self.in_channels, self.in_height, self.in_width)
+    def _check_built_size(self, height: int, width: int) -> None:
+        self.window.output_hw(repr(self), height, width)
 
     def clear_cache(self) -> None:
         self._mu_a: torch.Tensor | None = None  # (B, C, H', W') input mean, padded for type 2
@@ -118,18 +82,14 @@ class Conv2d(ParamLayer):
         var_a = channels_last(window.pad(states.var_a))
         if var_a is None and self.in_channels == 1:
             return self._forward_unfolded(mu_a, states)
-        mu_a_sq = mu_a * mu_a
-        # (B, O, Ho, Wo); torch returns a 1-channel input's output in NCHW, hence the conversion.
-        mu_z = channels_last(F.conv2d(mu_a, self.mu_w, self.mu_b, stride, padding))
-        # As in Linear: (m_A² + v_A) ⋆ v_W + v_A ⋆ m_W², and a deterministic input (the usual
-        # network input) needs only the first term.
-        mu_w_sq = None
-        if var_a is None:
-            var_z = channels_last(F.conv2d(mu_a_sq, self.var_w, self.var_b, stride, padding))
-        else:
-            mu_w_sq = self.mu_w * self.mu_w
-            var_z = F.conv2d(mu_a_sq + var_a, self.var_w, self.var_b, stride, padding)
-            var_z.add_(F.conv2d(var_a, mu_w_sq, None, stride, padding))
+
+        def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                 ) -> torch.Tensor:
+            # (B, O, Ho, Wo); torch returns a 1-channel input's output in NCHW, hence the
+            # conversion (a no-op otherwise).
+            return channels_last(F.conv2d(x, weight, bias, stride, padding))
+
+        mu_z, var_z, mu_a_sq, mu_w_sq = self._moments(conv, mu_a, var_a)
         if self.training:
             self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = (
                 mu_a, mu_a_sq, mu_w_sq, states.jcb)
@@ -173,15 +133,6 @@ class Conv2d(ParamLayer):
             torch.sum(delta_mu, 0, out=self.delta_mu_b)
             torch.sum(delta_var, 0, out=self.delta_var_b)
 
-    def _conv_backward(self, delta: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
-                       need_input_delta: bool
-                       ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-        """(convT(delta, weight), gW(inputs, delta), Σ delta) through torch's conv backward."""
-        s, p = self.window.stride, self.window.native_padding
-        return _conv_backward(delta, inputs, weight, [self.out_channels] if self.bias else None,
-                              [s, s], [p, p], [1, 1], False, [0, 0], 1,
-                              [need_input_delta, True, self.bias])
-
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
         """Writes g_m = gW(m_A, δm), g_v = gW(m_A², δv) (and Σ δm, Σ δv for the bias) into the
         delta buffers; Δ = v g_m, v² g_v follows in `scale_deltas_` (base.py)."""
@@ -200,30 +151,12 @@ class Conv2d(ParamLayer):
                                           (delta.delta_var, mu_w_sq)))
         else:
             assert self._mu_a_sq is not None
-            in_mu, g_mu_w, g_mu_b = self._conv_backward(delta.delta_mu, self._mu_a, self.mu_w,
-                                                        need_input_delta)
-            in_var, g_var_w, g_var_b = self._conv_backward(delta.delta_var, self._mu_a_sq,
-                                                           mu_w_sq, need_input_delta)
-            # copy_ keeps the (flat-buffer) delta storage: views handed out stay live.
-            self.delta_mu_w.copy_(g_mu_w)
-            self.delta_var_w.copy_(g_var_w)
-            if self.bias:
-                self.delta_mu_b.copy_(g_mu_b)
-                self.delta_var_b.copy_(g_var_b)
+            in_mu, in_var = self._backward_kernels(delta.delta_mu, delta.delta_var, self._mu_a,
+                                                   self._mu_a_sq, mu_w_sq, need_input_delta)
             if not need_input_delta:
                 return None
         height, width = self._in_hw
         in_mu = self.window.crop(in_mu, height, width)
         in_var = self.window.crop(in_var, height, width)
-        if self._jcb is not None:  # in place: both are fresh outputs of the kernel (or crop)
-            in_mu.mul_(self._jcb)
-            in_var.mul_(self._jcb).mul_(self._jcb)
+        self._times_jacobian_(self._jcb, in_mu, in_var)
         return DeltaStates(in_mu, in_var)
-
-    def __repr__(self) -> str:
-        extra = f", {self.window.describe()}"
-        if not self.bias:
-            extra += ", bias=False"
-        if self.in_width:
-            extra += f", in_width={self.in_width}, in_height={self.in_height}"
-        return f"Conv2d({self.in_channels}, {self.out_channels}, {self.kernel_size}{extra})"

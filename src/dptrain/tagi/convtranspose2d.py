@@ -13,14 +13,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dptrain.tagi._spatial import Window, channels_last, positive_int
-from dptrain.tagi.base import ParamLayer, init_scale
+from dptrain.tagi._conv import ConvLayer
+from dptrain.tagi._spatial import channels_last
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
-_conv_backward = torch.ops.aten.convolution_backward
 
-
-class ConvTranspose2d(ParamLayer):
+class ConvTranspose2d(ConvLayer):
     """Z = W ⋆ᵀ A + B, the adjoint of a Conv2d's window map, with independent Gaussian W, B, A.
 
     Every input pixel spreads k×k weighted copies of itself over the output (stride apart),
@@ -43,54 +41,18 @@ class ConvTranspose2d(ParamLayer):
     (B, C·H·W) state (after a Linear, as in pytagi's decoders; the innovations go back flat)
     and a network starting with it takes pytagi's flat inputs. Init as Conv2d (pytagi):
     s = sqrt(1/(C k²)) for "He", sqrt(2/((C + O) k²)) for "Xavier", drawn at construction.
+    What it shares with Conv2d (arguments, parameters, moments) is in `_conv`.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, bias: bool = True,
-                 stride: int = 1, padding: int = 0, padding_type: int = 1, in_width: int = 0,
-                 in_height: int = 0, gain_weight: float = 1.0, gain_bias: float = 1.0,
-                 init_method: str = "He", *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
-        owner = "ConvTranspose2d"
-        self.in_channels = positive_int(owner, "in_channels", in_channels)
-        self.out_channels = positive_int(owner, "out_channels", out_channels)
-        self.window = Window.checked(owner, kernel_size, stride, padding, padding_type)
-        self.kernel_size = kernel_size
-        for name, value in (("in_width", in_width), ("in_height", in_height)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{owner}: {name} must be an int >= 0, got {value!r}")
-        if (in_width == 0) != (in_height == 0):
-            raise ValueError(f"{owner}: give both in_width and in_height (or neither), got "
-                             f"in_width={in_width}, in_height={in_height}")
-        self.in_width, self.in_height = in_width, in_height
-        self.bias = bias
-        super().__init__()
-        if in_width:  # an image this window cannot upsample fails now, not at the first step
-            self.output_hw(owner, in_height, in_width)
-        fan = kernel_size * kernel_size
-        scale = init_scale(init_method, fan * in_channels, fan * out_channels)
-        self._init_group("w", self._weight_shape, scale, gain_weight, dtype, device)
-        if bias:
-            self._init_group("b", (out_channels,), scale, gain_bias, dtype, device)
-        else:
-            self.mu_b = self.var_b = self.delta_mu_b = self.delta_var_b = None
-        self.clear_cache()
+    _transposed = True
 
     @property
     def _weight_shape(self) -> tuple[int, int, int, int]:
         k = self.kernel_size
         return (self.in_channels, self.out_channels, k, k)
 
-    def param_groups(self) -> list[tuple[str, tuple[int, ...]]]:
-        groups: list[tuple[str, tuple[int, ...]]] = [("w", self._weight_shape)]
-        if self.bias:
-            groups.append(("b", (self.out_channels,)))
-        return groups
-
-    def input_sample_shape(self) -> tuple[int, ...] | None:
-        """(C, H, W) when in_width/in_height were given: flat inputs can then be reshaped."""
-        if not self.in_width:
-            return None
-        return (self.in_channels, self.in_height, self.in_width)
+    def _check_built_size(self, height: int, width: int) -> None:
+        self.output_hw(type(self).__name__, height, width)
 
     def output_hw(self, owner: str, height: int, width: int) -> tuple[int, int]:
         """(Ho, Wo) = stride·(size − 1) + k − P per dimension; an error if not positive."""
@@ -144,15 +106,7 @@ class ConvTranspose2d(ParamLayer):
         mu_a, var_a, jcb = self._image(states)
         height, width = self.output_hw(self.label, mu_a.shape[2], mu_a.shape[3])
         mu_a, var_a = channels_last(mu_a), channels_last(var_a)
-        mu_a_sq = mu_a * mu_a
-        mu_z = self._convT(mu_a, self.mu_w, self.mu_b)
-        mu_w_sq = None
-        if var_a is None:  # a deterministic input needs only the m_A² term
-            var_z = self._convT(mu_a_sq, self.var_w, self.var_b)
-        else:
-            mu_w_sq = self.mu_w * self.mu_w
-            var_z = self._convT(mu_a_sq + var_a, self.var_w, self.var_b)
-            var_z.add_(self._convT(var_a, mu_w_sq, None))
+        mu_z, var_z, mu_a_sq, mu_w_sq = self._moments(self._convT, mu_a, var_a)
         if self.training:
             self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = mu_a, mu_a_sq, mu_w_sq, jcb
             self._in_shape = tuple(states.mu_a.shape)
@@ -174,44 +128,17 @@ class ConvTranspose2d(ParamLayer):
         pads = (0, full_w - delta.shape[3], 0, full_h - delta.shape[2])
         return channels_last(F.pad(delta, pads))
 
-    def _backward_pair(self, delta: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor,
-                       need_input_delta: bool
-                       ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-        """(conv(delta, weight), gW(inputs, delta), Σ delta) through torch's conv backward."""
-        s, p = self.window.stride, self.window.native_padding
-        return _conv_backward(delta, inputs, weight, [self.out_channels] if self.bias else None,
-                              [s, s], [p, p], [1, 1], True, [0, 0], 1,
-                              [need_input_delta, True, self.bias])
-
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
         """Writes g_m = gW(m_A, δm), g_v = gW(m_A², δv) (and Σ δm, Σ δv for the bias) into the
         delta buffers; Δ = v g_m, v² g_v follows in `scale_deltas_` (base.py)."""
         if self._mu_a is None or self._mu_a_sq is None:
             raise RuntimeError(f"{self.label}: backward() needs a forward in training mode first")
         mu_w_sq = self._mu_w_sq if self._mu_w_sq is not None else self.mu_w * self.mu_w
-        in_mu, g_mu_w, g_mu_b = self._backward_pair(self._uncrop(delta.delta_mu), self._mu_a,
-                                                    self.mu_w, need_input_delta)
-        in_var, g_var_w, g_var_b = self._backward_pair(self._uncrop(delta.delta_var),
-                                                       self._mu_a_sq, mu_w_sq, need_input_delta)
-        # copy_ keeps the (flat-buffer) delta storage: views handed out stay live.
-        self.delta_mu_w.copy_(g_mu_w)
-        self.delta_var_w.copy_(g_var_w)
-        if self.bias:
-            self.delta_mu_b.copy_(g_mu_b)
-            self.delta_var_b.copy_(g_var_b)
+        in_mu, in_var = self._backward_kernels(
+            self._uncrop(delta.delta_mu), self._uncrop(delta.delta_var), self._mu_a,
+            self._mu_a_sq, mu_w_sq, need_input_delta)
         if not need_input_delta:
             return None
-        if self._jcb is not None:  # in place: both are fresh outputs of the kernel
-            in_mu.mul_(self._jcb)
-            in_var.mul_(self._jcb).mul_(self._jcb)
+        self._times_jacobian_(self._jcb, in_mu, in_var)
         # The innovations have the shape of the state they belong to (flat after a Linear).
         return DeltaStates(in_mu.reshape(self._in_shape), in_var.reshape(self._in_shape))
-
-    def __repr__(self) -> str:
-        extra = f", {self.window.describe()}"
-        if not self.bias:
-            extra += ", bias=False"
-        if self.in_width:
-            extra += f", in_width={self.in_width}, in_height={self.in_height}"
-        return (f"ConvTranspose2d({self.in_channels}, {self.out_channels}, "
-                f"{self.kernel_size}{extra})")
