@@ -18,8 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "propagation: output means and variances, and class probabilities by a "
                     "closed form (docs/finetune_export.md). The export is checked against "
                     "the live model at batch sizes 1 and 7 (and ONNX Runtime for .onnx).")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--format", choices=FORMATS, default="pt2")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a dptrain train run")
+    p.add_argument("--format", choices=FORMATS, default="pt2",
+                   help="pt2: a torch.export program; onnx: an ONNX file (default: pt2)")
     p.add_argument("--which", choices=("best", "last"), default="best",
                    help="which checkpoint (default: best, else the last)")
     p.add_argument("--out", metavar="FILE", help="default: model.pt2 or model.onnx here")
