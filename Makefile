@@ -7,13 +7,13 @@ PY := $(VENV)/bin/python
 # The torch the tests are run with (override: make TORCH_SPEC=...); the package needs torch>=2.6.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast setup system-deps clean
+.PHONY: demo test test-fast docs docs-serve setup system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,export,tune]"
+	$(PY) -m pip install --quiet -e ".[test,export,tune,docs]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -39,5 +39,13 @@ test: setup system-deps
 test-fast: setup
 	$(PY) -m pytest -q -m "not dist and not e2e and not slow"
 
+# The documentation site, built into site/ in strict mode (a broken link, a missing page or a
+# docstring reference that does not resolve fails it); docs-serve previews it while you edit.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache

@@ -59,8 +59,11 @@ class TrainedRun:
     """The model of one run, with the run's input normalisation and output decoding."""
 
     def __init__(self, run_dir: Path, checkpoint: Path, record: dict[str, Any], split: Any,
-                 model: Any, kind: str, sigma_v: float, hrc_link: str = "probit") -> None:
+                 model: Any, kind: str, sigma_v: float, hrc_link: str = "probit",
+                 averaged: bool = False) -> None:
         self.run_dir, self.checkpoint, self.model, self.kind = run_dir, checkpoint, model, kind
+        self.averaged = averaged
+        """The weights are the run's EMA (--ema), not the live ones."""
         self.model_config = pick(ModelConfig, record)
         self.dataset: str = record["dataset"]
         self.task, self.num_classes = split.task, split.num_classes
@@ -209,8 +212,9 @@ def find_checkpoint(run_dir: Path, which: str = "best") -> ckpt.Checkpoint:
     return ckpt.find(run_dir, which)
 
 
-def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
-    """The trained model of a `dptrain train` run directory (see the module docstring).
+def load_run(run_dir: str | Path, *, which: str = "best", ema: bool = True) -> TrainedRun:
+    """The trained model of a `dptrain train` run directory (see the module docstring): the
+    EMA of its weights when the run kept one (`ema=False`: the live weights).
 
     The run's dataset is read again (for its normalisation and shapes), so it must still be
     where the run found it; a model file (`--model PATH.py:FUNCTION`) must still hold the same
@@ -245,7 +249,8 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
         split = renormalised(split, *from_record(kept))
     model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
     # A run with EMA kept the averaged weights as its model: monitored, best/, used here.
-    weights = dict(state["learner"].get("ema") or state["learner"]["model"])
+    averaged = state["learner"].get("ema") if ema else None
+    weights = dict(averaged or state["learner"]["model"])
     if kind == "torch":
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
     model.load_state_dict(weights)
@@ -256,7 +261,8 @@ def load_run(run_dir: str | Path, *, which: str = "best") -> TrainedRun:
     # the class-probability link the run decoded with at that checkpoint; pytagi's probit for
     # a checkpoint written before the link could be chosen
     hrc_link = (state["learner"].get("hrc_link") if kind == "tagi" else None) or "probit"
-    return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v, hrc_link)
+    return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v, hrc_link,
+                      averaged=bool(averaged))
 
 
 def write_forecast(path: str | Path, forecast: Forecast, series: Any) -> None:

@@ -50,6 +50,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("export")
     _train(root / "torch", "--model", "torch-mlp", "--hidden", "16")
+    _train(root / "torch-ema", "--model", "torch-mlp", "--hidden", "16", "--ema", "0.5")
     _train(root / "tagi", "--model", "tagi-mlp", "--hidden", "16")
     _train(root / "tagi-het", "--model", "tagi-mlp", "--hidden", "8", "--dataset",
            "toy1d-hetero", "--heteroscedastic")
@@ -144,3 +145,14 @@ def test_an_export_that_differs_from_the_live_model_fails_naming_the_output(runs
 
     with pytest.raises(ExportError, match=r"output probs picks load_run's class for"):
         check(shuffled, graph, run, raw)
+
+
+def test_a_run_with_ema_exports_its_average_and_with_no_ema_its_live_weights(runs, tmp_path):
+    summary = json.loads((runs / "torch-ema" / "summary.json").read_text())
+    assert summary["ema_sha256"] != summary["params_sha256"]
+    for flags, weights, digest in (([], "ema", summary["ema_sha256"]),
+                                   (["--no-ema"], "live", summary["params_sha256"])):
+        out = tmp_path / f"{weights}.pt2"
+        assert main(["export", str(runs / "torch-ema"), "--out", str(out), *flags]) == 0
+        meta = json.loads(Path(f"{out}.json").read_text())
+        assert meta["weights"] == weights and meta["params_sha256"] == digest

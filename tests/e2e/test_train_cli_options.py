@@ -1,4 +1,4 @@
-"""README claims about `dptrain train` options that no other test holds: `DPTRAIN_FAIL_AT`,
+"""Documented claims about `dptrain train` options that no other test holds: `DPTRAIN_FAIL_AT`,
 `--timeout` bounding the start-up rendezvous in one line, and `--monitor` (docs/design.md,
 contract 4)."""
 

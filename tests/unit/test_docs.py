@@ -10,7 +10,8 @@ REPO = Path(__file__).resolve().parents[2]
 _ALL_SOURCES = [*sorted((REPO / "src").rglob("*.py")), *sorted((REPO / "tests").rglob("*.py")),
                 *sorted((REPO / "bench").rglob("*.py")),
                 *sorted((REPO / "examples").rglob("*.py")),
-                REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+                REPO / "README.md", REPO / "bench" / "README.md",
+                *sorted((REPO / "docs").rglob("*.md"))]
 # Not what lies in hidden folders (bench/.venv-pytagi, the wheel's venv, holds torch's sources).
 SOURCES = [p for p in _ALL_SOURCES
            if not any(part.startswith(".") for part in p.relative_to(REPO).parts)]
@@ -64,7 +65,7 @@ def test_markdown_links_to_repository_files_resolve():
     link = re.compile(r"\]\(((?!https?:|#)[^)#\s]+)")
     missing = [f"{doc.relative_to(REPO)} -> {target}"
                for doc in (REPO / "README.md", REPO / "bench" / "README.md",
-                           *(REPO / "docs").glob("*.md"))
+                           *(REPO / "docs").rglob("*.md"))
                for target in link.findall(doc.read_text(encoding="utf-8"))
                if not (doc.parent / target).exists()]
     assert not missing, missing

@@ -135,7 +135,7 @@ def sharded(input_shape, num_outputs):
 
 
 def test_a_model_of_dtensors_is_refused_in_one_line(tmp_path):
-    """Scope (README): dptrain is data parallel only. A model file whose parameters are already
+    """Scope (README, docs/index.md): dptrain is data parallel only. A model file whose parameters are already
     DTensors (built here for real: a one-process gloo group on a FileStore, a 1-device CPU
     mesh) is refused by `load_user_model` with one line that says so and where to go instead,
     before any worker starts. Mutation tried: removing the check, which lets the DTensor model

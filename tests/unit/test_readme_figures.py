@@ -1,13 +1,16 @@
-"""Every measured figure in the README's Results (and the demo output) is the one its source
-holds, at the precision the README prints it: a benchmark result file under bench/results/, or
-a test's constant (the tests then assert those constants against fresh runs).
+"""Every measured figure on the docs' results page (docs/results.md, as the site shows it: its
+tables generated from bench/results/*.json at build time) and in the README is the one its
+source holds, at the precision the page prints it: a benchmark result file under
+bench/results/, or a test's constant (the tests then assert those constants against fresh runs).
 
-Each check builds the README's text from the source and looks for it, so a rerun benchmark, a
-changed test constant or an edited README that no longer agree fail here, naming the figure.
+Each check builds the page's text from the source and looks for it, so a rerun benchmark, a
+changed test constant, a table generator or an edited page that no longer agree fail here,
+naming the figure. The table rows are formatted here independently of the generator.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -19,9 +22,23 @@ from tests.unit import test_tagi_learning as learning
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
+
+
+def _expanded(page: Path) -> str:
+    """A docs page as the site shows it: its generate markers replaced by the build hook."""
+    spec = importlib.util.spec_from_file_location("dptrain_docs_generate",
+                                                  REPO / "docs" / "_hooks" / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    return generate.expand(page.read_text(encoding="utf-8"))
+
+
 README = (REPO / "README.md").read_text(encoding="utf-8")
-#: The README with every run of whitespace folded to one space, for figures in wrapped prose.
-PROSE = re.sub(r"\s+", " ", README)
+PAGE = _expanded(REPO / "docs" / "results.md")
+#: Every docs page (the results page first) with each run of whitespace folded to one space,
+#: for figures in wrapped prose: a few are quoted where their feature is described.
+PROSE = re.sub(r"\s+", " ", PAGE + "\n".join(
+    _expanded(p) for p in sorted((REPO / "docs").rglob("*.md")) if p.name != "results.md"))
 
 
 def _load(name: str) -> dict:
@@ -34,13 +51,14 @@ def _rate(samples_per_s: float) -> str:
 
 
 def _in_readme(text: str) -> None:
-    assert re.sub(r"\s+", " ", text) in PROSE, f"the README does not say {text!r}"
+    """The docs say `text` (wrapped anywhere): the results page, or a feature's page."""
+    assert re.sub(r"\s+", " ", text) in PROSE, f"no docs page says {text!r}"
 
 
-def _row(prefix: str, *cells: str) -> None:
+def _row(prefix: str, *cells: str, page: str = PAGE) -> None:
     """A table row starting with `prefix` holds each of `cells` as a whole cell."""
-    rows = [line for line in README.splitlines() if line.startswith(prefix)]
-    assert len(rows) == 1, f"{len(rows)} README rows start with {prefix!r}"
+    rows = [line for line in page.splitlines() if line.startswith(prefix)]
+    assert len(rows) == 1, f"{len(rows)} rows of the page start with {prefix!r}"
     have = [cell.strip() for cell in rows[0].split("|")]
     for cell in cells:
         assert cell in have, f"row {prefix!r}: no cell {cell!r} in {rows[0]!r}"
@@ -91,8 +109,9 @@ def test_price_table_is_tagi_conv_vs_torch_json():
     for r in _load("tagi_conv_vs_torch.json")["results"]:
         _row(f"{names[r['network']]} {r['batch']} | {r['tagi_step_over_torch_step']:.2f}x |",
              f"{r['tagi_peak_rss_mb']:,.0f}", f"{r['torch_peak_rss_mb']:,.0f}")
-        assert re.search(rf"\| {r['pytagi_peak_rss_mb']:,.0f}( \(after 1 step\))? \|$",
-                         next(line for line in README.splitlines()
+        steps = r["pytagi_memory_after_steps"]
+        assert re.search(rf"\| {r['pytagi_peak_rss_mb']:,.0f} \(after {steps} steps?\) \|$",
+                         next(line for line in PAGE.splitlines()
                               if line.startswith(f"{names[r['network']]} {r['batch']} |")))
     old = [_load(f"tagi_resnet_vs_torch{s}.json")["tagi_step_over_torch_step"]
            for s in ("", ".omp_passive")]
@@ -139,7 +158,7 @@ def test_compiled_heteros_figures_are_its_json():
 
 
 def test_lstm_accuracy_gap_figures_are_its_json():
-    """The README's account of the LSTM accuracy gap (initial draws, not the engine)."""
+    """The account of the LSTM accuracy gap (initial draws, not the engine)."""
     record = _load("tagi_lstm_init_swap.json")
     assert max(r["largest_difference"] for r in record["trajectory"]) < 4e-7
     _in_readme(f"log-likelihood within 4e-7 (seeds "
@@ -179,9 +198,10 @@ def test_demo_output_is_the_recorded_run():
     record = _load("demo.json")
     lines = [re.sub(r"tagi-mlp-digits-\d{8}-\d{6}", "tagi-mlp-digits-<time>", line)
              for line in record["last_lines"]]
-    assert "\n".join(lines) in README
+    assert "\n".join(lines) in PAGE  # generated there from the same file
+    assert "\n".join(lines) in README  # copied into the README: tests/e2e/test_train_cli.py
     _in_readme(f"its {record['command_wall_s']:.1f} s for the whole command")
-    _in_readme(f"on 2 processes (~{record['command_wall_s']:.0f} s)")
+    assert f"on 2 processes (~{record['command_wall_s']:.0f} s)" in re.sub(r"\s+", " ", README)
 
 
 def test_epoch_ddp_threads_and_trainer_figures_are_their_json():
@@ -235,7 +255,8 @@ def test_epoch_ddp_threads_and_trainer_figures_are_their_json():
 @pytest.mark.parametrize("name", sorted(p.name for p in RESULTS.glob("*.json")))
 def test_every_result_file_is_named_somewhere(name):
     """A result file no page points at is a figure nobody can find."""
-    pages = README + (REPO / "bench" / "README.md").read_text(encoding="utf-8")
+    pages = README + (REPO / "bench" / "README.md").read_text(encoding="utf-8") + "".join(
+        p.read_text(encoding="utf-8") for p in (REPO / "docs").rglob("*.md"))
     assert name in pages or name.removesuffix(".json") in pages, name
 
 
@@ -255,7 +276,7 @@ def test_stability_table_is_tagi_stability_json(dataset):
 
 
 def test_calibration_figures_are_their_json():
-    """The README's ECEs on overlapping classes (tagi_calibration.json, 5 seeds' means)."""
+    """The ECEs on overlapping classes (tagi_calibration.json, 5 seeds' means)."""
     blobs = _load("tagi_calibration.json")["blobs"]["summary"]
     auto, probit = blobs["tagi-mlp default (auto)"], blobs["hrc sv=0.05 link=probit"]
     _in_readme(f"on noisy labels ECE {auto['ece_mean']:.3f} where pytagi's link gives "
@@ -275,3 +296,24 @@ def test_large_batch_table_is_large_batch_json():
     _in_readme(f"16 x the batch ends {gaps[0]:.2f} points from the small batch")
     _in_readme(f"without warmup {gaps[1]:.2f} points, without scaling {gaps[2]:.2f}")
     assert gaps[0] <= 0.5
+
+
+def test_readme_headline_table_is_its_json():
+    """The README's headline rows: the train-step ratios against pytagi at the largest batch
+    each benchmark ran, the digits error, and the Trainer's overhead."""
+    for name, label in (("tagi_vs_pytagi.json", "TAGI MLP 784-128-128-11"),
+                        ("tagi_vs_pytagi_cnn.json", "TAGI MNIST CNN"),
+                        ("tagi_vs_pytagi_resnet18.json", "TAGI ResNet18 (CIFAR-10)")):
+        r = max((r for r in _load(name)["results"] if r["phase"] == "train"),
+                key=lambda r: r["batch_size"])
+        _row(f"| {label}, train step, batch {r['batch_size']} |",
+             f"{_rate(r['ours_samples_per_s'])} samples/s",
+             f"pytagi 0.2.1: {_rate(r['pytagi_samples_per_s'])} samples/s",
+             f"{r['ratio']:.1f}x", page=README)
+    summary = _load("pytagi_digits_reference.json")["networks"]["fnn"]["summary"]
+    _row("| digits test error, mean of seeds 0-2 |",
+         f"{summary['dptrain']['mean_test_error_percent']:.2f} %",
+         f"pytagi 0.2.1: {summary['pytagi']['mean_test_error_percent']:.2f} %", page=README)
+    overhead = _load("torch_trainer_overhead.json")["train_epochs_time_ratio"]
+    _row("| Trainer + TorchLearner, time of the training epochs |", f"{overhead:.3f}x",
+         page=README)

@@ -208,7 +208,7 @@ def _worst_relative(pairs) -> tuple[float, str]:
 def test_parity_with_pytagi_is_exact_up_to_the_wheels_evenexp_jacobian():
     """The 0.2.1 wheel uses J = v_Z m_T in EvenExp; with that one change we reproduce its two
     recorded steps (forward, every delta, parameters) to 5e-7 relative to each array's scale,
-    the figure the README quotes (measured 4.3e-7, the wheel's float32 rounding)."""
+    the figure the docs quote (measured 4.3e-7, the wheel's float32 rounding)."""
     with np.load(FIXTURES) as fx:
         fx = dict(fx)
     worst, where = _worst_relative(_run_fixture_steps(_fixture_net(fx, _WheelEvenExp()), fx))

@@ -60,7 +60,7 @@ def _log_likelihood(fit: dict[str, torch.Tensor]) -> float:
 
 
 def test_heteroscedastic_network_learns_the_noise_and_beats_every_fixed_sigma():
-    """The figures the README quotes, at the precision it quotes them (float64, so they do not
+    """The figures the results page quotes, at the precision it quotes them (float64, so they do not
     depend on the thread count): the predicted noise standard deviation is off by 7.5 % of the
     true one on average, the log-likelihood per point is -0.35 and the best fixed σ_v's -0.86."""
     fit = _fit(sigma_v=None)

@@ -1,11 +1,11 @@
 """End-to-end learning: digits classification with HRC against pytagi's reference error (an FNN
 and a CNN), and the predictive uncertainty of a 1D toy regression (issue 3, Correctness).
 
-The README's Results quote these tests' numbers, so the tests assert them as quoted: the
-errors per seed in test images out of 360 and the coverages in test points out of 200. They
-are exact for the float32 kernels of this project's machines at one thread (the conftest's);
-another CPU's kernels can move a seed by an image, and then the README and these constants
-are re-measured together. pytagi's errors on the same protocol come from its own run,
+The results page (docs/results.md) quotes these tests' numbers, so the tests assert them as
+quoted: the errors per seed in test images out of 360 and the coverages in test points out of
+200. They are exact for the float32 kernels of this project's machines at one thread (the
+conftest's); another CPU's kernels can move a seed by an image, and then the results page and
+these constants are re-measured together. pytagi's errors on the same protocol come from its own run,
 bench/results/pytagi_digits_reference.json (bench/pytagi_digits_reference.py).
 """
 
@@ -96,7 +96,7 @@ def _assert_as_recorded(errors: list[float], recorded: list[int]) -> None:
 
 def test_digits_matches_or_beats_pytagi():
     """FNN 64-128-128-11, HRC, batch 32, σ_v = 0.05, 10 epochs, stratified 1437/360 split:
-    the errors the README quotes, and a mean no worse than pytagi's (2.22 %)."""
+    the errors the results page quotes, and a mean no worse than pytagi's (2.22 %)."""
     data = _digits()
     assert len(data[0]) == 1437 and len(data[2]) == 360
     errors = [_digits_error(seed, data) for seed in range(3)]
@@ -114,7 +114,7 @@ def _cnn() -> Sequential:
 @pytest.mark.slow
 def test_cnn_digits_learns_like_pytagi():
     """The CNN, HRC head, batch 32, σ_v = 0.05, 10 epochs, on the built-in digit images
-    (1, 8, 8) = pixels/16 minus the training mean: the errors of seeds 0-5 the README quotes
+    (1, 8, 8) = pixels/16 minus the training mean: the errors of seeds 0-5 the results page quotes
     (about 6 s on one idle core), and a mean no worse than pytagi's (2.27 %).
 
     Six seeds, not three: one seed's error moves by ±1 % (3-4 of the 360 test images) when
@@ -161,7 +161,7 @@ def test_small_resnet_with_batchnorm_learns_digits():
     assert np.mean(errors) <= RESNET_DIGITS_ERROR
 
 
-#: Test points (of 200) inside the ±3σ band, seeds 0-2, as the README quotes them.
+#: Test points (of 200) inside the ±3σ band, seeds 0-2, as the results page quotes them.
 TOY_INSIDE_3SIGMA = [199, 199, 200]
 
 
@@ -208,5 +208,5 @@ def test_toy_regression_band_covers_the_data(seed):
         coverage = inside[k - 1] / len(y_test)
         tolerance = 3 * math.sqrt(gaussian * (1 - gaussian) / len(y_test))
         assert abs(coverage - gaussian) <= tolerance, f"±{k}σ band holds {coverage:.1%}"
-    assert inside[2] == TOY_INSIDE_3SIGMA[seed], inside  # the README's 99.5 / 99.5 / 100 %
+    assert inside[2] == TOY_INSIDE_3SIGMA[seed], inside  # the results page's 99.5 / 99.5 / 100 %
     assert std.mean().item() <= 2.5 * 3.0, f"mean predictive σ {std.mean().item():.2f}"

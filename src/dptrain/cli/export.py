@@ -18,17 +18,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "propagation: output means and variances, and class probabilities by a "
                     "closed form (docs/finetune_export.md). The export is checked against "
                     "the live model at batch sizes 1 and 7 (and ONNX Runtime for .onnx).")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--format", choices=FORMATS, default="pt2")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a dptrain train run")
+    p.add_argument("--format", choices=FORMATS, default="pt2",
+                   help="pt2: a torch.export program; onnx: an ONNX file (default: pt2)")
     p.add_argument("--which", choices=("best", "last"), default="best",
                    help="which checkpoint (default: best, else the last)")
     p.add_argument("--out", metavar="FILE", help="default: model.pt2 or model.onnx here")
+    p.add_argument("--no-ema", dest="ema", action="store_false",
+                   help="a run with --ema: export its live weights, not their average")
     p.set_defaults(func=export_command)
 
 
 def export_command(args: argparse.Namespace) -> int:
     out = args.out or f"model.{args.format}"
-    written = export_run(args.run_dir, args.format, out, which=args.which)
+    written = export_run(args.run_dir, args.format, out, which=args.which, ema=args.ema)
     meta = written.metadata
     checked = ", ".join(f"{k} {v:.3g}" for k, v in meta["checked"].items()
                         if k != "batch_sizes")

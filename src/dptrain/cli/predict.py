@@ -21,9 +21,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="DATASET",
                    help="a dataset spelling as for dptrain train --dataset (default: the run's "
                         "own); its test part is predicted")
-    p.add_argument("--part", choices=("test", "train"), default="test")
-    p.add_argument("--checkpoint", choices=("best", "last"), default="best")
-    p.add_argument("--out", metavar="FILE.csv", default="predictions.csv")
+    p.add_argument("--part", choices=("test", "train"), default="test",
+                   help="which part of the data to predict (default: test)")
+    p.add_argument("--checkpoint", choices=("best", "last"), default="best",
+                   help="best: the checkpoint validation chose; last: the newest (default: best)")
+    p.add_argument("--out", metavar="FILE.csv", default="predictions.csv",
+                   help="the CSV to write (default: predictions.csv)")
     p.set_defaults(func=predict_command)
 
 

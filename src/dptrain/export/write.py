@@ -51,13 +51,14 @@ class Written:
     metadata: dict[str, Any]
 
 
-def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "best"
-               ) -> Written:
-    """Export the model `load_run(run_dir, which=which)` uses to `out`, check it against the
-    live model, and write the metadata beside it. Raises ExportError in one line."""
+def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "best",
+               ema: bool = True) -> Written:
+    """Export the model `load_run(run_dir, which=which, ema=ema)` uses to `out`, check it
+    against the live model, and write the metadata beside it. Raises ExportError in one
+    line."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
-    run = load_run(run_dir, which=which)
+    run = load_run(run_dir, which=which, ema=ema)
     if run.kind == "tagi":
         run.model.eval()
         run.model.check_inputs = False  # its NaN check reads a value on the host
@@ -177,6 +178,7 @@ def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
         "data": asdict(pick(DataConfig, ckpt.validate(run.checkpoint).meta["config"]
                             ["record"])),
         "params_sha256": params_sha256(weights),
+        "weights": "ema" if run.averaged else "live",
         "dptrain_version": __version__, "torch_version": torch.__version__,
         "checked": {"batch_sizes": list(BATCH_SIZES), **checks},
     }

@@ -1,0 +1,226 @@
+"""The benchmark tables of docs/results.md, made from bench/results/*.json at build time.
+
+`render(name)` is what `<!-- generate: results NAME -->` becomes. Each table reads its result
+file(s) only; the prose around it cites the same files, and tests/unit/test_readme_figures.py
+checks that prose against them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+PHASES = {"train": "train step", "eval": "eval forward"}
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def rate(samples_per_s: float) -> str:
+    """A throughput: thousands separators, two decimals below 100."""
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.2f}"
+
+
+def percent(fraction: float, digits: int = 0) -> str:
+    return f"{100 * fraction:.{digits}f} %"
+
+
+def target(value: float, met: bool) -> str:
+    return f"≥ {value:g}x " + ("met" if met else "**not met**")
+
+
+def _lines(header: str, align: str, rows: list[str]) -> str:
+    return "\n".join([header, align, *rows])
+
+
+def _test_constant(path: str, name: str) -> object:
+    """A module-level constant of a test file (the figure the test asserts on fresh runs)."""
+    tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{path} has no constant {name}")
+
+
+def learning() -> str:
+    reference = load("pytagi_digits_reference.json")["networks"]
+
+    def errors(network: str, library: str) -> str:
+        wrong = [r["wrong"] for r in reference[network]["per_seed"][library]]
+        each = " / ".join(f"{100 * w / 360:.2f}" for w in wrong)
+        return f"{each} % (mean {100 * sum(wrong) / 360 / len(wrong):.2f} %)"
+
+    toy = _test_constant("tests/unit/test_tagi_learning.py", "TOY_INSIDE_3SIGMA")
+    rows = [f"| digits test error, seeds 0/1/2 | {errors('fnn', 'dptrain')} | "
+            f"{errors('fnn', 'pytagi')} |",
+            "| digits CNN (Conv2d(1,16,3,padding=1)-ReLU-AvgPool2d(2)-Conv2d(16,32,3,padding=1)-"
+            "ReLU-AvgPool2d(2)-Linear(128,64)-ReLU-Linear(64,11), 8x8 images), seeds 0-5 | "
+            f"{errors('cnn', 'dptrain')} | {errors('cnn', 'pytagi')} |"]
+    rows.append("| toy y = x³ + ε, ±3σ coverage of 200 test points, seeds 0/1/2 | "
+                + " / ".join(f"{100 * n / 200:g}" for n in toy) + " % | — |")
+    return _lines("| | dptrain.tagi | pytagi 0.2.1 |", "|---|---:|---:|", rows)
+
+
+def tagi_vs_pytagi() -> str:
+    rows = [f"| {PHASES[r['phase']]} | {r['batch_size']} | {rate(r['ours_samples_per_s'])} | "
+            f"{rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x | "
+            f"{target(r['target_ratio'], r['meets_target'])} | {percent(r['matmul_fraction'])} | "
+            + ("|" if r["matmul_fraction_target"] is None else
+               f"≥ {percent(r['matmul_fraction_target'])} "
+               + ("met |" if r["meets_matmul_target"] else "**not met** |"))
+            for r in load("tagi_vs_pytagi.json")["results"]]
+    return _lines("| phase | batch | dptrain.tagi samples/s | pytagi samples/s | ratio | target | "
+                  "matmul fraction | target |", "|---|---:|---:|---:|---:|---|---:|---|", rows)
+
+
+def tagi_vs_pytagi_cnn() -> str:
+    rows = [f"| {PHASES[r['phase']]} | {r['batch_size']} | {rate(r['ours_samples_per_s'])} | "
+            f"{rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x | "
+            f"{target(r['target_ratio'], r['meets_target'])} | {r['torch_time_ratio']:.2f}x |"
+            for r in load("tagi_vs_pytagi_cnn.json")["results"]]
+    return _lines("| phase | batch | dptrain.tagi samples/s | pytagi samples/s | ratio | target | "
+                  "ours/torch SGD time |", "|---|---:|---:|---:|---:|---|---:|", rows)
+
+
+def tagi_vs_pytagi_resnet18() -> str:
+    rows = [f"| {PHASES[r['phase']]} | {r['batch_size']} | {rate(r['ours_samples_per_s'])} | "
+            f"{rate(r['pytagi_samples_per_s'])} | {r['ratio']:.1f}x | "
+            f"{target(r['target_ratio'], r['meets_target'])} |"
+            for r in load("tagi_vs_pytagi_resnet18.json")["results"]]
+    return _lines("| phase | batch | dptrain.tagi samples/s | pytagi samples/s | ratio | target |",
+                  "|---|---:|---:|---:|---:|---|", rows)
+
+
+def tagi_conv_vs_torch() -> str:
+    record = load("tagi_conv_vs_torch.json")
+    names = {"cnn": "MNIST CNN (`tagi-cnn`)", "resnet18": "ResNet18 (`tagi-resnet18`), 32x32x3"}
+    rows = []
+    for r in record["results"]:
+        ratio = r["tagi_step_over_torch_step"]
+        verdict = "met" if ratio <= record["target_ratio"] else "**not met**"
+        # pytagi's memory is read after fewer steps than ours (its steps are slow): say how many
+        after = r.get("pytagi_memory_after_steps")
+        pytagi = f"{r['pytagi_peak_rss_mb']:,.0f}" + (
+            f" (after {after} step{'s' if after != 1 else ''})" if after else "")
+        rows.append(f"| {names[r['network']]} | {r['batch']} | {ratio:.2f}x | "
+                    f"≤ {record['target_ratio']:g}x {verdict} | {r['tagi_peak_rss_mb']:,.0f} | "
+                    f"{r['torch_peak_rss_mb']:,.0f} | {pytagi} |")
+    return _lines("| network | batch | TAGI step / torch SGD step | target | TAGI MB | torch MB | "
+                  "pytagi MB |", "|---|---:|---:|---|---:|---:|---:|", rows)
+
+
+def _versus(name: str) -> str:
+    record = load(name)
+    rows = []
+    for key, label in (("dptrain", "dptrain.tagi"), ("pytagi", "pytagi 0.2.1")):
+        s = record["summary"][key]
+        rows.append(f"| {label} | {s['rmse']:.4f} | {s['log_likelihood']:.4f} | "
+                    f"{percent(s['coverage_2sigma'], 1)} | {rate(s['samples_per_s'])} |")
+    return rows
+
+
+def tagi_heteros_vs_pytagi() -> str:
+    return _lines("| | test RMSE | log-likelihood per point | 2σ coverage | train samples/s |",
+                  "|---|---:|---:|---:|---:|", _versus("tagi_heteros_vs_pytagi.json"))
+
+
+def tagi_lstm_vs_pytagi() -> str:
+    return _lines("| | test RMSE | log-likelihood per window | 2σ coverage | train samples/s |",
+                  "|---|---:|---:|---:|---:|", _versus("tagi_lstm_vs_pytagi.json"))
+
+
+STABILITY = (("mnist", "tagi_stability.json"), ("cifar", "tagi_stability_cifar.json"),
+             ("digits-image", "tagi_stability_digits_image.json"))
+
+
+def tagi_stability() -> str:
+    rows = []
+    for dataset, name in STABILITY:
+        for label, config in load(name)["datasets"][dataset].items():
+            s = config["summary"]
+            rows.append(f"| `{dataset}` | {label} | {s['collapsed']} / {s['runs']} | "
+                        f"{s['median_test_error_percent']:.1f} |")
+    return _lines("| data | configuration | collapsed / runs | median test error % |",
+                  "|---|---|---:|---:|", rows)
+
+
+def tagi_ddp() -> str:
+    labels = {"fnn": "FNN 784-128-128-11, 256", "cnn": "MNIST CNN, 128"}
+    share = {"fnn": "{:.0f} %", "cnn": "{:.1f} %"}
+    rows = []
+    for network, r in ((n, load("tagi_ddp.json")["networks"][n]["results"]) for n in labels):
+        off, on = r["2 ranks x 1 thread, no overlap"], r["2 ranks x 1 thread, overlap"]
+        two = r["1 rank x 2 threads"]["samples_per_s"]
+        rows.append(f"| {labels[network]} | {rate(off['samples_per_s'])} samples/s | "
+                    f"{off['ratio_vs_1x1']:.2f}x | {off['samples_per_s'] / two:.2f}x | "
+                    f"{share[network].format(100 * off['comm_share'])} / "
+                    f"{share[network].format(100 * on['comm_share'])} |")
+    return _lines("| network, samples per rank | 2 ranks x 1 thread | vs 1 rank x 1 thread | "
+                  "vs 1 rank x 2 threads | waiting (overlap off / on) |",
+                  "|---|---:|---:|---:|---:|", rows)
+
+
+def checkpoint_pause() -> str:
+    rows = []
+    for model, m in load("checkpoint_pause.json")["models"].items():
+        sync, background = m["sync"], m["async"]
+        rows.append(
+            f"| `{model}` | {sync['state_bytes'] / 1e6:.1f} MB | ~{1000 * m['step_s_estimate']:.0f}"
+            f" ms | {1000 * sync['pause_median_s']:.1f} ms (max {1000 * sync['pause_max_s']:.1f})"
+            f" | {1000 * background['pause_median_s']:.1f} ms (max "
+            f"{1000 * background['pause_max_s']:.1f}) | "
+            f"{m['ratio_pause_sync_over_async']:.1f}x | "
+            f"{sync['epoch_wall_median_s']:.2f} s / {background['epoch_wall_median_s']:.2f} s "
+            f"({m['ratio_epoch_sync_over_async']:.2f}x) |")
+    return _lines("| model (`--width 16`) | state.pt | step | pause, synchronous | pause, background "
+                  "write | shorter | epoch, sync / background |",
+                  "|---|---:|---:|---:|---:|---:|---:|", rows)
+
+
+def input_pipeline() -> str:
+    record = load("input_pipeline.json")
+    goal = record["target_ratio"]
+    rows = [f"| {r['workers']} | {r['dptrain_images_per_s']:,.0f} | "
+            f"{r['baseline_images_per_s']:,.0f} | {r['ratio']:.2f}x | "
+            f"≥ {goal:.1f}x {'met' if r['ratio'] >= goal else '**not met**'} | "
+            f"{r['dptrain_cpu_ms_per_image']:.2f} / {r['baseline_cpu_ms_per_image']:.2f} ms |"
+            for r in record["results"]]
+    return _lines("| workers | dptrain images/s | baseline images/s | ratio | target | CPU per image,"
+                  " dptrain / baseline |", "|---:|---:|---:|---:|---|---:|", rows)
+
+
+def demo() -> str:
+    """The last lines `make demo` printed in its recorded run, the run directory's time
+    replaced by <time> (it names the moment of that run)."""
+    lines = [re.sub(r"tagi-mlp-digits-\d{8}-\d{6}", "tagi-mlp-digits-<time>", line)
+             for line in load("demo.json")["last_lines"]]
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
+def large_batch() -> str:
+    rows = []
+    for name, runs in load("large_batch.json")["results"].items():
+        errors = [100 * r["test_error"] for r in runs]
+        batch = re.search(r"batch (\d+)", name).group(1)
+        (peak,) = {r["peak_lr"] for r in runs}
+        rows.append(f"| {name} | {batch} | {peak:g} | {sum(errors) / len(errors):.2f} | "
+                    + ", ".join(f"{e:.2f}" for e in errors) + " |")
+    return _lines("| run | global batch | peak lr | test error, mean of seeds (%) | each seed (%) |",
+                  "|---|---|---|---|---|", rows)
+
+
+TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
+                                  tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
+                                  tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
+                                  tagi_ddp, checkpoint_pause, input_pipeline)}
+
+
+def render(name: str) -> str:
+    if name not in TABLES:
+        raise ValueError(f"no results table {name!r}; known: {', '.join(TABLES)}")
+    return TABLES[name]()
