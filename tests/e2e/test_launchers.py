@@ -115,7 +115,9 @@ if attempt == "0":
     while not os.path.exists(marker) and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
-print(f"rank {os.environ['RANK']}: attempt {attempt} done", flush=True)
+# one write per line: the ranks share the job's stdout, unbuffered (print writes the text and
+# its newline apart, so two ranks' lines could interleave)
+sys.stdout.write(f"rank {os.environ['RANK']}: attempt {attempt} done\\n")
 """
 
 
