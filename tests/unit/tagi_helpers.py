@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential
+from dptrain.tagi import HRCSoftmax, OutputUpdater, Sequential, manual_seed
 
 F64 = torch.float64
 
@@ -78,3 +78,17 @@ def regression_step(net: Sequential, x: torch.Tensor, y: torch.Tensor, var_obs: 
 
 def deltas(net: Sequential) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in net.named_delta_tensors()}
+
+
+def spread_conv(cls: type, seed: int, c: int, o: int, k: int, **kwargs):
+    """A float64 convolution layer `cls` (Conv2d, ConvTranspose2d) with parameters of
+    comparable magnitudes in every term of v_Z."""
+    manual_seed(seed)
+    layer = cls(c, o, k, dtype=F64, **kwargs)
+    g = gen(seed + 100)
+    layer.mu_w.copy_(torch.randn(layer.mu_w.shape, generator=g, dtype=F64))
+    layer.var_w.copy_(0.1 + 0.4 * torch.rand(layer.var_w.shape, generator=g, dtype=F64))
+    if layer.bias:
+        layer.mu_b.copy_(torch.randn(o, generator=g, dtype=F64))
+        layer.var_b.copy_(0.1 + 0.4 * torch.rand(o, generator=g, dtype=F64))
+    return layer

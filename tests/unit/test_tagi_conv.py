@@ -13,20 +13,12 @@ import torch.nn.functional as F
 from dptrain.tagi import (AvgPool2d, Conv2d, HiddenStates, Linear, MaxPool2d, MixtureReLU, ReLU,
                           Sequential, manual_seed)
 from dptrain.tagi.states import DeltaStates
-from tests.unit.tagi_helpers import F64, assert_close_mc, deltas, gen, monte_carlo, regression_step
+from tests.unit.tagi_helpers import (F64, assert_close_mc, deltas, gen, monte_carlo,
+                                     regression_step, spread_conv)
 
 
 def _conv(seed: int, c: int, o: int, k: int, **kwargs) -> Conv2d:
-    """A float64 Conv2d with parameters of comparable magnitudes in every term of v_Z."""
-    manual_seed(seed)
-    layer = Conv2d(c, o, k, dtype=F64, **kwargs)
-    g = gen(seed + 100)
-    layer.mu_w.copy_(torch.randn(layer.mu_w.shape, generator=g, dtype=F64))
-    layer.var_w.copy_(0.1 + 0.4 * torch.rand(layer.var_w.shape, generator=g, dtype=F64))
-    if layer.bias:
-        layer.mu_b.copy_(torch.randn(o, generator=g, dtype=F64))
-        layer.var_b.copy_(0.1 + 0.4 * torch.rand(o, generator=g, dtype=F64))
-    return layer
+    return spread_conv(Conv2d, seed, c, o, k, **kwargs)
 
 
 def _sample_conv(layer: Conv2d, mu_a: torch.Tensor, var_a: torch.Tensor, n: int,

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from dptrain.tagi import (ConvTranspose2d, HiddenStates, Linear, MixtureReLU, OutputUpdater,
                           Sequential, Tanh, manual_seed)
 from dptrain.tagi.states import DeltaStates
-from tests.unit.tagi_helpers import F64, assert_close_mc, deltas, gen, monte_carlo, regression_step
+from tests.unit.tagi_helpers import (F64, assert_close_mc, deltas, gen, monte_carlo,
+                                     regression_step, spread_conv)
 
 WINDOWS = [dict(), dict(stride=2, padding=1), dict(stride=2, padding=1, padding_type=2),
            dict(stride=3, padding=2, padding_type=2), dict(padding=1, bias=False),
@@ -20,16 +21,7 @@ WINDOWS = [dict(), dict(stride=2, padding=1), dict(stride=2, padding=1, padding_
 
 
 def _convT(seed: int, c: int, o: int, k: int, **kwargs) -> ConvTranspose2d:
-    """A float64 layer with parameters of comparable magnitudes in every term of v_Z."""
-    manual_seed(seed)
-    layer = ConvTranspose2d(c, o, k, dtype=F64, **kwargs)
-    g = gen(seed + 100)
-    layer.mu_w.copy_(torch.randn(layer.mu_w.shape, generator=g, dtype=F64))
-    layer.var_w.copy_(0.1 + 0.4 * torch.rand(layer.var_w.shape, generator=g, dtype=F64))
-    if layer.bias:
-        layer.mu_b.copy_(torch.randn(o, generator=g, dtype=F64))
-        layer.var_b.copy_(0.1 + 0.4 * torch.rand(o, generator=g, dtype=F64))
-    return layer
+    return spread_conv(ConvTranspose2d, seed, c, o, k, **kwargs)
 
 
 def _connections(layer: ConvTranspose2d, h: int, w: int):
