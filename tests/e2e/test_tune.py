@@ -95,7 +95,10 @@ def tune_cmd(study: Path, *extra: str) -> list[str]:
 
 def test_killed_worker_is_taken_over_and_ends_as_uninterrupted(tmp_path):
     study = tmp_path / "study"
-    argv = tune_cmd(study, "--epochs", "15", "--max-trials", "1", "--lease-s", "3")
+    # enough epochs that the kill lands mid-run: a toy1d epoch takes milliseconds, and the
+    # worker is killed up to a poll interval after the third one
+    epochs_total = 200
+    argv = tune_cmd(study, "--epochs", str(epochs_total), "--max-trials", "1", "--lease-s", "3")
     first = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     epochs = study / "trial-0000" / "epochs.csv"
@@ -111,7 +114,7 @@ def test_killed_worker_is_taken_over_and_ends_as_uninterrupted(tmp_path):
             time.sleep(0.2)
         assert runs_of(study) == [], "the dead worker's run outlived it"
         killed_at = len(rows(epochs))
-        assert killed_at < 15
+        assert killed_at < epochs_total
         second = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=180)
         assert second.returncode == 0, second.stderr
     finally:
@@ -121,7 +124,7 @@ def test_killed_worker_is_taken_over_and_ends_as_uninterrupted(tmp_path):
     assert [(r["state"], r["resumes"], r["taken_over"]) for r in table] == [
         ("FAIL", "", "True"), ("COMPLETE", "0", "False")]
     summary = json.loads((study / "trial-0000" / "summary.json").read_text())
-    assert summary["resumed_from"] and summary["final_epoch"] == 15
+    assert summary["resumed_from"] and summary["final_epoch"] == epochs_total
     assert float(table[1]["value"]) == summary["best_train_rmse"]  # value = its summary.json
     # the same options, never interrupted
     plain = tmp_path / "plain"
@@ -161,7 +164,7 @@ def test_ctrl_c_then_the_same_command_continues_the_study(tmp_path):
     table = rows(study / "trials.csv")
     assert [(r["state"], r["resumes"]) for r in table] == [("FAIL", ""), ("COMPLETE", "0")]
     summary = json.loads((study / "trial-0000" / "summary.json").read_text())
-    assert summary["resumed_from"] and summary["final_epoch"] == 15
+    assert summary["resumed_from"] and summary["final_epoch"] == epochs_total
     assert not (study / "trial-0001").exists()
 
 
