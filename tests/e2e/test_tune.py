@@ -141,7 +141,9 @@ def test_ctrl_c_then_the_same_command_continues_the_study(tmp_path):
     interrupted trial from its checkpoint at once (a 600 s lease is not waited for); no trial
     is repeated."""
     study = tmp_path / "study"
-    argv = tune_cmd(study, "--epochs", "15", "--max-trials", "1", "--lease-s", "600")
+    epochs_total = 200  # the interrupt lands mid-run (a toy1d epoch takes milliseconds)
+    argv = tune_cmd(study, "--epochs", str(epochs_total), "--max-trials", "1", "--lease-s",
+                    "600")
     first = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     epochs = study / "trial-0000" / "epochs.csv"
