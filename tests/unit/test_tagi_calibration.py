@@ -87,21 +87,13 @@ def _epochs(split, model: str, seed: int, epochs: int, **learner) -> dict[str, f
     built.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
     order = np.random.default_rng(seed)
 
-    def summed(batches) -> dict[str, float]:
-        sums: dict[str, tuple[float, float]] = {}
-        for metrics in batches:
-            for name, (s, c) in metrics.items():
-                total = sums.get(name, (0.0, 0.0))
-                sums[name] = (total[0] + s, total[1] + c)
-        return means(sums)
-
     for epoch in range(epochs):
         built.set_epoch(epoch)
         perm = torch.as_tensor(order.permutation(len(split.train)))
-        built.end_training(summed(built.train_step(fetch_batch(split.train, 0, perm[i:i + 32]))
+        built.end_training(_summed(built.train_step(fetch_batch(split.train, 0, perm[i:i + 32]))
                                   for i in range(0, len(perm), 32)))
     every = torch.arange(len(split.test))
-    out = built.end_evaluation(summed([built.eval_step(fetch_batch(split.test, 0, every))]))
+    out = built.end_evaluation(_summed([built.eval_step(fetch_batch(split.test, 0, every))]))
     return {**out, "hrc_link": getattr(getattr(built, "hrc", None), "link", None)}
 
 
