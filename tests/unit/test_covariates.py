@@ -6,13 +6,19 @@ given, and the calibrated tagi-lstm that beats the seasonal naive forecast on th
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import shutil
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from dptrain.cli.main import build_parser, main
+from dptrain.cli.train import options_from_args
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.datasets.covariates import parse_feature_list, time_features
 from dptrain.dist import Runtime
@@ -21,6 +27,9 @@ from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import create_learner, create_model, model_defaults, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import calibrated_test, forecast_metrics, forecast_test, naive_test
+from dptrain.train.options import TrainOptions, as_saved, run_record
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _hours(n: int) -> list[str]:
@@ -116,6 +125,57 @@ def test_bad_covariates_are_one_line_before_training(tmp_path):
     with pytest.raises(ConfigError, match="covariate 'temp' is missing at time "
                                           "'2024-01-01T01:00'"):
         load_split(DataConfig(dataset=f"series:{gap}", covariates="temp"), seed=0)
+
+
+def test_tagi_lstm_takes_the_calendar_features_by_default_where_the_data_has_dates():
+    """tagi-lstm's default is --time-features auto: hour and weekday of hourly dates, none for
+    times that are not dates or data that is not a series (no error for what was not asked);
+    --time-features "" turns them off. Other models keep none by default."""
+    def options(*flags):
+        return options_from_args(build_parser().parse_args(["train", *flags]))
+
+    assert options("--model", "tagi-lstm").time_features == "auto"
+    assert options("--model", "tagi-lstm", "--time-features", "").time_features == ""
+    assert options("--model", "tagi-mlp").time_features == ""
+    hourly = load_split(DataConfig(dataset="hourly", time_features="auto"), seed=0).series
+    assert hourly.covariate_names == ["hour_sin", "hour_cos"] + [f"weekday{d}" for d in range(7)]
+    assert load_split(DataConfig(dataset="digits", time_features="auto"), seed=0).series is None
+
+
+def test_a_record_from_before_a_model_default_changed_resumes_with_the_old_value():
+    """A tagi-lstm record that lacks time_features (or holds heteroscedastic false and no
+    calendar features, as a run started with those) resumed with both left at the model's
+    defaults goes on with the recorded values; one given otherwise stays and is refused."""
+    today = options_from_args(build_parser().parse_args(["train", "--model", "tagi-lstm",
+                                                         "--dataset", "seasonal"]))
+    assert today.heteroscedastic and today.time_features == "auto"
+    old = {k: v for k, v in run_record(today).items() if k != "time_features"}
+    resumed = as_saved(today, {**old, "heteroscedastic": False})
+    assert not resumed.heteroscedastic and resumed.time_features == ""
+    assert as_saved(today, run_record(today)) == today  # today's run: nothing changes
+    told = as_saved(dataclasses.replace(today, time_features="hour"), old)
+    assert told.time_features == "hour", "a value given is kept (and refused by the record)"
+    mlp = TrainOptions(model="tagi-mlp", dataset="seasonal")
+    assert as_saved(mlp, {**run_record(mlp), "heteroscedastic": False}) == mlp
+
+
+def test_a_tagi_lstm_run_written_before_learned_noise_resumes_as_it_began(tmp_path):
+    """tests/data/run_before_covariates: `dptrain train --model tagi-lstm --dataset seasonal
+    --nproc 1 --epochs 1 --lookback 8 --keep-last 1` run by the dptrain before calendar
+    features and learned noise were tagi-lstm's defaults (its record: heteroscedastic false,
+    no time_features). Resumed by today's command with no new flag, it goes on with the
+    fixed σ_v and no covariates, as that dptrain did: its epochs.csv after a second epoch is
+    byte for byte the one that dptrain wrote running two epochs unbroken
+    (epochs_unbroken.csv)."""
+    run = Path(shutil.copytree(DATA / "run_before_covariates", tmp_path / "run"))
+    unbroken = (run / "epochs_unbroken.csv").read_text()
+    assert main(["train", "--model", "tagi-lstm", "--dataset", "seasonal", "--nproc", "1",
+                 "--epochs", "2", "--lookback", "8", "--keep-last", "1", "--no-progress",
+                 "--out", str(run)]) == 0
+    assert (run / "epochs.csv").read_text() == unbroken
+    record = json.loads(next(run.glob("checkpoints/step-00000164/meta.json")).read_text())
+    assert record["run_record"]["heteroscedastic"] is False
+    assert record["run_record"]["time_features"] == ""
 
 
 def _train(split, config: ModelConfig, epochs: int, seed: int = 0):

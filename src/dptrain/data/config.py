@@ -77,7 +77,8 @@ class DataConfig:
     time_features: str = ""
     """Time series: calendar features of the time column as known covariates, comma-separated
     from minute, hour, weekday, month, dayofyear, or auto (those the time spacing gives: hour
-    and weekday for values spaced below a day); empty: none."""
+    and weekday for values spaced below a day; none for times that are not dates, or data
+    that is not a series); empty: none. tagi-lstm's default is auto."""
     covariates: str = ""
     """Time series in a wide CSV: its columns (comma-separated) that are known covariates, fed
     with the values at every input step and over the horizon, never predicted."""
@@ -121,7 +122,9 @@ class DataConfig:
                 options["val_size"] = self.val_size
             return {k: v for k, v in options.items()
                     if not (k in ("val_size", "test_size") and v == "auto")}
-        return {k: v for k, v in options.items() if v != getattr(defaults, k)}
+        # auto: the calendar features the data's times give, which other data has none of
+        return {k: v for k, v in options.items()
+                if v != getattr(defaults, k) and not (k == "time_features" and v == "auto")}
 
 
 NO_VALIDATION = "none"
