@@ -178,6 +178,57 @@ def test_a_tagi_lstm_run_written_before_learned_noise_resumes_as_it_began(tmp_pa
     assert record["run_record"]["time_features"] == ""
 
 
+def _long(wide_path, path, shuffle: bool = True):
+    """The wide file of `_csv` in the long layout: a row per (time, series), each repeating
+    the shared covariates, in a shuffled order; a second series, the first one doubled."""
+    header, *rows = wide_path.read_text().splitlines()
+    lines = []
+    for row in rows:
+        time, load, temp, holiday = row.split(",")
+        lines += [f"{time},north,{load},{temp},{holiday}",
+                  f"{time},south,{2 * float(load):.4f},{temp},{holiday}"]
+    order = np.random.default_rng(0).permutation(len(lines)) if shuffle else range(len(lines))
+    path.write_text("\n".join(["time,series,value,temp,holiday", *(lines[i] for i in order)])
+                    + "\n")
+    return path
+
+
+def test_a_long_file_carries_known_covariates_as_the_wide_one_does(tmp_path):
+    """--covariates in the long layout: columns beside time, id and value, the same for every
+    series at one time (each row repeats them); read as the wide file's columns. A column
+    not named is an error (which column is the value?), and so is a covariate that differs
+    between two series' rows of one time, naming both lines."""
+    wide = _csv(tmp_path / "wide.csv")
+    long = _long(wide, tmp_path / "long.csv")
+    config = {"lookback": 4, "horizon": 2, "covariates": "temp,holiday"}
+    w = load_split(DataConfig(dataset=f"series:{wide}", **config), seed=0)
+    lo = load_split(DataConfig(dataset=f"series:{long}", **config), seed=0)
+    assert sorted(lo.series.names) == ["north", "south"]  # in order of first appearance
+    north = lo.series.names.index("north")
+    assert lo.series.covariate_names == w.series.covariate_names == ["temp", "holiday"]
+    torch.testing.assert_close(lo.series.covariates, w.series.covariates)
+    torch.testing.assert_close(lo.series.values[north], w.series.values[0])
+    first = lo.train.series == north  # north's windows: (value, temp, holiday) at each step
+    torch.testing.assert_close(lo.train.x[first][:3], w.train.x[:3])
+    with pytest.raises(DataError) as err:
+        load_split(DataConfig(dataset=f"series:{long}", covariates="temp"), seed=0)
+    assert "long.csv: a long-format series CSV has exactly three columns (time, series, " \
+           "value) besides the known covariates named by --covariates" in str(err.value)
+    assert "name holiday in --covariates, or leave it out" in str(err.value)
+    with pytest.raises(DataError, match="covariate column 'price' is not in the file; its "
+                                        "columns: time, series, value, temp, holiday"):
+        load_split(DataConfig(dataset=f"series:{long}", covariates="temp,holiday,price"),
+                   seed=0)
+    text = _long(wide, tmp_path / "ordered.csv", shuffle=False).read_text().splitlines()
+    text[2] = text[2].replace(",20,", ",25,")  # south's temp at the first time
+    (tmp_path / "clash.csv").write_text("\n".join(text) + "\n")
+    with pytest.raises(DataError, match=r"clash.csv: line 3: covariate 'temp' is 25 at time "
+                                        r"'2024-01-01T00:00', 20 on line 2; a known covariate "
+                                        r"is shared by every series"):
+        load_split(DataConfig(dataset=f"series:{tmp_path / 'clash.csv'}",
+                              covariates="temp,holiday"), seed=0)
+
+
 def _train(split, config: ModelConfig, epochs: int, seed: int = 0):
     defaults = model_defaults("tagi-lstm")
     data = model_split(config, split)

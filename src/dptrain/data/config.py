@@ -80,8 +80,9 @@ class DataConfig:
     and weekday for values spaced below a day; none for times that are not dates, or data
     that is not a series); empty: none. tagi-lstm's default is auto."""
     covariates: str = ""
-    """Time series in a wide CSV: its columns (comma-separated) that are known covariates, fed
-    with the values at every input step and over the horizon, never predicted."""
+    """Time series in a CSV: its columns (comma-separated) that are known covariates, shared
+    by the series (in a long file, the same at one time on every series' row), fed with the
+    values at every input step and over the horizon, never predicted."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the
