@@ -317,3 +317,15 @@ def test_readme_headline_table_is_its_json():
     overhead = _load("torch_trainer_overhead.json")["train_epochs_time_ratio"]
     _row("| Trainer + TorchLearner, time of the training epochs |", f"{overhead:.3f}x",
          page=README)
+
+
+def test_forecast_figures_are_the_learning_test_s():
+    """tagi-lstm's ND beside the seasonal naive's on `hourly` at its defaults: the learning
+    test's constants (tests/unit/test_covariates.py), which it asserts against a fresh run."""
+    from tests.unit.test_covariates import HOURLY_ND
+
+    (whole, naive), (daily, daily_naive) = HOURLY_ND[0], HOURLY_ND[24]
+    text = (f"ND of {whole:.3f} beside the seasonal naive's {naive:.3f} ({daily:.3f} beside "
+            f"{daily_naive:.3f} rolled daily)")
+    assert text in re.sub(r"\s+", " ", README), f"the README does not say {text!r}"
+    _in_readme(text)
