@@ -402,12 +402,10 @@ def _read_wide(path: str, header: list[str], rows: list) -> tuple[list[str], lis
     return header[1:], times, values.T.copy()
 
 
-def _read_long(path: str, header: list[str], rows: list, id_col: int,
-               covariates: list[str] | tuple[str, ...] = ()
-               ) -> tuple[list[str], list[str], np.ndarray]:
-    """A long file: the time, the id, the value, and the known covariates named in
-    `covariates`, which the series share: at one time every row that gives one gives the
-    same value. Returns the series, then the covariates as rows of their own."""
+def _long_columns(path: str, header: list[str], id_col: int,
+                  covariates: list[str] | tuple[str, ...]) -> tuple[int, int, list[int]]:
+    """(time, value, covariate) column indices of a long file: the time first, the id, then
+    the value and the covariates in any order."""
     time_col, *others = (j for j in range(len(header)) if j != id_col)
     for column in covariates:
         if column not in header[time_col + 1:] or header.index(column) == id_col:
@@ -421,7 +419,16 @@ def _read_long(path: str, header: list[str], rows: list, id_col: int,
                         f"--covariates, got {header}"
                         + (f": name {', '.join(header[j] for j in value_cols[1:])} in "
                            f"--covariates, or leave it out" if len(value_cols) > 1 else ""))
-    value_col = value_cols[0]
+    return time_col, value_cols[0], cov_cols
+
+
+def _read_long(path: str, header: list[str], rows: list, id_col: int,
+               covariates: list[str] | tuple[str, ...] = ()
+               ) -> tuple[list[str], list[str], np.ndarray]:
+    """A long file: the time, the id, the value, and the known covariates named in
+    `covariates`, which the series share: at one time every row that gives one gives the
+    same value. Returns the series, then the covariates as rows of their own."""
+    time_col, value_col, cov_cols = _long_columns(path, header, id_col, covariates)
     names = list(dict.fromkeys(row[id_col] for _, row in rows))
     clash = set(names) & set(covariates)
     if clash:
