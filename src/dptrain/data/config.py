@@ -51,7 +51,8 @@ class DataConfig:
     """imagefolder: an image that cannot be decoded stops the run with one line naming it
     (error), or is left out of its batch and counted in summary.json (skip)."""
     lookback: int = 24
-    """Time series: values of each series a window shows the model (its input)."""
+    """Time series: values of each series a window shows the model (its input); tagi-lstm's
+    default is 48."""
     horizon: int = 1
     """Time series: values after the window the model predicts at once (its targets); a
     longer forecast feeds its predictions back as inputs."""
@@ -77,8 +78,8 @@ class DataConfig:
     time_features: str = ""
     """Time series: calendar features of the time column as known covariates, comma-separated
     from minute, hour, weekday, month, dayofyear, or auto (those the time spacing gives: hour
-    and weekday for values spaced below a day; none for times that are not dates, or data
-    that is not a series); empty: none. tagi-lstm's default is auto."""
+    and weekday for values spaced below a day; none for times that are not dates); empty:
+    none. tagi-lstm's default is auto."""
     covariates: str = ""
     """Time series in a CSV: its columns (comma-separated) that are known covariates, shared
     by the series (in a long file, the same at one time on every series' row), fed with the
@@ -123,9 +124,7 @@ class DataConfig:
                 options["val_size"] = self.val_size
             return {k: v for k, v in options.items()
                     if not (k in ("val_size", "test_size") and v == "auto")}
-        # auto: the calendar features the data's times give, which other data has none of
-        return {k: v for k, v in options.items()
-                if v != getattr(defaults, k) and not (k == "time_features" and v == "auto")}
+        return {k: v for k, v in options.items() if v != getattr(defaults, k)}
 
 
 NO_VALIDATION = "none"

@@ -20,7 +20,8 @@ from dptrain.data.config import NO_VALIDATION, DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
-from dptrain.learners.models import MODELS, TAGI_MODELS
+from dptrain.learners.build import model_defaults
+from dptrain.learners.models import TAGI_MODELS
 from dptrain.options import bad_value, check_at_least, defines_run, pick, resumable
 from dptrain.train.faults import FailAt
 from dptrain.train.init_from import InitOptions
@@ -122,18 +123,19 @@ the missing entry (train/resume.py). Runs from before validation parts: no valid
 the test metric monitored; from before TAGI's link choice: pytagi's probit link."""
 
 
-BEFORE_MODEL_DEFAULT = {"tagi-lstm": {"heteroscedastic": False, "time_features": ""}}
+BEFORE_MODEL_DEFAULT = {"tagi-lstm": {"heteroscedastic": False, "time_features": "",
+                                      "lookback": 24}}
 """For a built-in model whose own default of an option changed what its runs compute: the
 value its runs had before. A run whose record holds it (or lacks the option), resumed with
 the option left at the model's default, goes on with it (`as_saved`): a tagi-lstm run from
-before its learned noise and its calendar features keeps the fixed σ_v and no covariates."""
+before its learned noise, calendar features and two-day lookback keeps the fixed σ_v, no
+covariates and a day's lookback."""
 
 
-def run_default(model: str, name: str) -> Any:
-    """The default of option `name` for `model`: the model's own (`ModelSpec.defaults`), else
-    the option's."""
-    spec = MODELS.get(model)
-    return spec.defaults[name] if spec and name in spec.defaults else RUN_DEFAULTS[name]
+def run_default(options: TrainOptions, name: str) -> Any:
+    """The default of option `name` for the model and dataset of `options`: the model's own
+    (`model_defaults`), else the option's."""
+    return model_defaults(options.model, options.dataset).get(name, RUN_DEFAULTS[name])
 
 
 def as_saved(options: TrainOptions, saved: dict[str, Any] | None) -> TrainOptions:
@@ -148,7 +150,7 @@ def as_saved(options: TrainOptions, saved: dict[str, Any] | None) -> TrainOption
     # A saved value equal to the old one: the run was resumed as such before, and goes on so.
     changes = {name: old for name, old in before.items()
                if saved.get(name, old) == old
-               and getattr(options, name) == run_default(options.model, name)}
+               and getattr(options, name) == run_default(options, name)}
     return dataclasses.replace(options, **changes) if changes else options
 
 
