@@ -119,6 +119,20 @@ def _running(pid: int) -> bool:
         return False
 
 
+def test_workers_are_not_forks_of_the_training_process(folder):
+    """A rank's gloo threads run Python now and then; a fork landing then can deadlock the
+    child (CPython gh-112275): workers come from a fork server instead."""
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                         seed=1).train
+    with BatchLoader(dataset, ShardedSampler(dataset, rank=0, world_size=1, seed=5), 8,
+                     workers=2) as loader:
+        next(iter(loader))
+        workers = [w.pid for w in loader._loader._iterator._workers]
+        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                   for pid in workers}
+    assert os.getpid() not in parents and len(parents) == 1, parents
+
+
 def test_workers_end_with_a_process_killed_outright(folder):
     """SIGKILL leaves no time to close the loader, and the workers are the fork server's
     children, not the killed process's: they watch it and end with it."""
