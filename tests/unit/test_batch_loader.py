@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from dptrain.data import ShardedSampler, load_digits
+from dptrain.data import loader as loader_module
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import BatchLoader
 from dptrain.errors import DataError
@@ -102,6 +103,7 @@ def test_closing_stops_every_worker(folder):
 _KILLED_OWNER = """
 import sys, time
 from dptrain.data import ShardedSampler
+from dptrain.data import loader as loader_module
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import BatchLoader
 dataset = load_split(DataConfig(dataset="imagefolder:" + sys.argv[1], image_size=16), seed=1).train
@@ -119,18 +121,45 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_workers_are_not_forks_of_the_training_process(folder):
-    """A rank's gloo threads run Python now and then; a fork landing then can deadlock the
-    child (CPython gh-112275): workers come from a fork server instead."""
+def _hang_first_start(marker: Path, always: bool = False):
+    """A worker start that never reports, as a fork deadlocked before running Python (CPython
+    gh-112275) does: the first worker to start (or every one) sleeps instead."""
+    start = loader_module._start_worker
+
+    def starting(ready: int, worker_id: int) -> None:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            first = True
+        except FileExistsError:
+            first = False
+        if first or always:
+            time.sleep(600)
+        start(ready, worker_id)
+    return starting
+
+
+def test_workers_that_never_start_are_started_again(folder, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(loader_module, "WORKER_START_S", 2.0)
+    monkeypatch.setattr(loader_module, "_start_worker", _hang_first_start(tmp_path / "hung"))
     dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
                          seed=1).train
-    with BatchLoader(dataset, ShardedSampler(dataset, rank=0, world_size=1, seed=5), 8,
-                     workers=2) as loader:
-        next(iter(loader))
-        workers = [w.pid for w in loader._loader._iterator._workers]
-        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                   for pid in workers}
-    assert os.getpid() not in parents and len(parents) == 1, parents
+    helped, alone = _epochs(dataset, workers=2), _epochs(dataset, workers=0)
+    assert len(helped) == len(alone) > 0
+    for (xa, ya), (xb, yb) in zip(alone, helped):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert "did not start within 2 s" in caplog.text and "attempt 2 of 3" in caplog.text
+
+
+def test_workers_that_never_start_end_in_one_line(folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(loader_module, "WORKER_START_S", 1.0)
+    monkeypatch.setattr(loader_module, "WORKER_STARTS", 1)
+    monkeypatch.setattr(loader_module, "_start_worker",
+                        _hang_first_start(tmp_path / "hung", always=True))
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                         seed=1).train
+    with pytest.raises(DataError, match="did not start in 1 attempts of 1 s each; --workers 0"):
+        _epochs(dataset, workers=2)
+    assert multiprocessing.active_children() == []
 
 
 def test_workers_end_with_a_process_killed_outright(folder):

@@ -23,10 +23,9 @@ data (a corrupt image: `DataError`) reach the training process as the same one-l
 from __future__ import annotations
 
 import functools
-import multiprocessing
+import logging
 import os
 import select
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,23 +38,21 @@ from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.mixing import Mixing, MixPlan, global_positions
 from dptrain.data.sampler import ShardedSampler
 from dptrain.errors import ConfigError, DataError
-from dptrain.user_code import ImportedFirst
 
-WORKER_START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
-    else "spawn"
-"""How worker processes start: never as a fork of the training process. A rank has native
-threads that run Python now and then (gloo's, releasing a finished collective's tensors); a
-fork that lands while one of them registers with the interpreter leaves the child deadlocked
-before it runs a line (CPython gh-112275, met with Python 3.11). A fork
-server is a fresh interpreter with one thread: its forks are safe."""
+log = logging.getLogger(__name__)
+
+WORKER_START_S = 30.0
+"""How long a new worker process may take to report that it runs. A fork of a rank can hang
+before it runs a line of Python: CPython 3.11 (gh-112275) deadlocks the child when the fork
+lands while another thread registers with the interpreter, and a rank's gloo threads do that
+when they release a finished collective's tensors. A healthy worker reports in milliseconds;
+one that does not is stopped and the workers are started again."""
+
+WORKER_STARTS = 3
+"""Attempts at starting the workers before the loader gives up with an error."""
 
 BatchKey = tuple[int, torch.Tensor, "MixPlan | None"]
 """(epoch, this rank's sample indices of one batch, their mixup/cutmix draws if any)."""
-
-SentKey = tuple[int, Any, Any]
-"""A `BatchKey` as sent to a worker: its tensors as numpy arrays, pickled by value. A tensor
-would go by a file descriptor the worker fetches from this process, which fails (a traceback
-in the worker) when this process has just died: a rank killed right after asking."""
 
 
 def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
@@ -92,31 +89,11 @@ class _Batches(Dataset):
     def __init__(self, dataset: Dataset, mixing: Mixing | None = None) -> None:
         self.dataset, self.mixing = dataset, mixing
 
-    def __getitem__(self, key: SentKey) -> Any:
+    def __getitem__(self, key: BatchKey) -> Any:
         try:
-            return make_batch(self.dataset, *_received(key), mixing=self.mixing)
+            return make_batch(self.dataset, *key, mixing=self.mixing)
         except DataError as err:
             return _Failure(str(err))
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # A worker starts afresh: the user's dataset file is imported before its classes.
-        return _rebuilt, (ImportedFirst(), self.dataset, self.mixing)
-
-
-def _rebuilt(_files: Any, dataset: Dataset, mixing: Mixing | None) -> _Batches:
-    return _Batches(dataset, mixing)
-
-
-def _sent(epoch: int, indices: torch.Tensor, plan: MixPlan | None) -> SentKey:
-    draws = None if plan is None else (plan.partners.numpy(), plan.lam.numpy(),
-                                       plan.boxes.numpy())
-    return epoch, indices.numpy(), draws
-
-
-def _received(key: SentKey) -> BatchKey:
-    epoch, indices, draws = key
-    plan = None if draws is None else MixPlan(*(torch.from_numpy(a) for a in draws))
-    return epoch, torch.from_numpy(indices), plan
 
 
 def make_batch(dataset: Dataset, epoch: int, indices: torch.Tensor, plan: MixPlan | None,
@@ -139,13 +116,13 @@ class _Failure:
         self.message = message
 
 
-class _Keys(Sampler[SentKey]):
+class _Keys(Sampler[BatchKey]):
     """The keys of the batches the loader is about to hand out; set anew for every pass."""
 
     def __init__(self) -> None:
-        self.keys: list[SentKey] = []
+        self.keys: list[BatchKey] = []
 
-    def __iter__(self) -> Iterator[SentKey]:
+    def __iter__(self) -> Iterator[BatchKey]:
         return iter(self.keys)
 
     def __len__(self) -> int:
@@ -178,15 +155,17 @@ class BatchLoader:
         self.skipped: set[str] = set()
         """Why each sample left out of a batch was (distinct reasons, each naming its file)."""
         self._loader: DataLoader | None = None
+        self._started = False  # whether the workers are running (they persist across passes)
+        self._ready_r = self._ready_w = -1  # each worker writes one byte here when it starts
         if workers:
-            # Each worker gets the dataset pickled once (its tensors in shared memory) and keeps
-            # it: the workers persist across epochs.
+            self._ready_r, self._ready_w = os.pipe()
+            # Forked workers share the dataset's memory (a file list, uint8 images) instead of
+            # a pickled copy each, and see classes defined in a user's dataset file.
             self._loader = DataLoader(
                 _Batches(dataset, mixing), sampler=self._keys, batch_size=None, num_workers=workers,
                 persistent_workers=True, pin_memory=pin_memory, prefetch_factor=prefetch,
-                worker_init_fn=functools.partial(_start_worker, os.getpid()),
-                collate_fn=_as_made,
-                multiprocessing_context=_worker_context())
+                worker_init_fn=functools.partial(_start_worker, self._ready_w),
+                collate_fn=_as_made)
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank."""
@@ -205,8 +184,8 @@ class BatchLoader:
             made: Iterator[Any] = (make_batch(self.dataset, epoch, idx, plan, mixing=self.mixing)
                                    for idx, plan in zip(index_batches, plans))
         else:
-            self._keys.keys = [_sent(epoch, idx, plan) for idx, plan in zip(index_batches, plans)]
-            made = iter(self._loader)
+            self._keys.keys = [(epoch, idx, plan) for idx, plan in zip(index_batches, plans)]
+            made = self._batches()
         for end, batch in zip(ends, made):
             if isinstance(batch, _Failure):
                 raise DataError(batch.message)
@@ -230,13 +209,41 @@ class BatchLoader:
             begin = end
         return plans
 
+    def _batches(self) -> Iterator[Any]:
+        """The DataLoader's pass; on the first, once every worker has reported that it runs."""
+        assert self._loader is not None
+        for attempt in range(1, WORKER_STARTS + 1):
+            made = iter(self._loader)
+            if self._started:
+                return made
+            missing = _await_bytes(self._ready_r, self.workers, WORKER_START_S)
+            if not missing:
+                self._started = True
+                return made
+            self._stop_workers()
+            log.warning("%d of %d data loader worker(s) did not start within %g s (a fork "
+                        "that hung before running: CPython gh-112275); starting them again "
+                        "(attempt %d of %d)", missing, self.workers, WORKER_START_S,
+                        attempt + 1, WORKER_STARTS)
+        raise DataError(f"data loader workers did not start in {WORKER_STARTS} attempts of "
+                        f"{WORKER_START_S:g} s each; --workers 0 makes batches in the "
+                        f"training process")
+
+    def _stop_workers(self) -> None:
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()  # terminates a worker that does not stop by itself
+            self._loader._iterator = None  # type: ignore[union-attr]
+        _drain(self._ready_r)
+        self._started = False
+
     def close(self) -> None:
         """Stop the worker processes (they would also stop when this process ends)."""
         if self._loader is not None:
-            iterator = getattr(self._loader, "_iterator", None)
-            if iterator is not None:
-                iterator._shutdown_workers()
+            self._stop_workers()
             self._loader = None
+            os.close(self._ready_r)
+            os.close(self._ready_w)
 
     def __enter__(self) -> BatchLoader:
         return self
@@ -250,41 +257,24 @@ def _as_made(batch: Any) -> Any:
     return batch
 
 
-def _worker_context() -> Any:
-    context = multiprocessing.get_context(WORKER_START)
-    if WORKER_START == "forkserver":
-        # imported once by the fork server, not once by every worker it starts
-        context.set_forkserver_preload(["dptrain.data.loader"])
-    return context
-
-
-def _start_worker(owner: int, worker_id: int) -> None:
+def _start_worker(ready: int, worker_id: int) -> None:
     # A worker decodes one batch at a time; the rank's threads are for its training step.
     torch.set_num_threads(1)
-    threading.Thread(target=_end_with, args=(owner,), name="dptrain-owner", daemon=True).start()
+    os.write(ready, b"1")
 
 
-def _end_with(owner: int) -> None:
-    """End this worker as soon as the process it makes batches for ends, however it ends (a
-    killed rank). torch's own check watches the parent, here the fork server, which lives as
-    long as any of its workers does."""
-    try:
-        handle = os.pidfd_open(owner)
-    except ProcessLookupError:
-        os._exit(0)
-    except (AttributeError, OSError):  # no pidfd here (not Linux 5.3 or later): poll
-        while _alive(owner):
-            time.sleep(0.5)
-        os._exit(0)
-    select.select([handle], [], [])
-    os._exit(0)
+def _await_bytes(fd: int, count: int, timeout_s: float) -> int:
+    """Read `count` bytes from the pipe `fd` within `timeout_s`; how many did not come."""
+    deadline = time.monotonic() + timeout_s
+    while count:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        count -= len(os.read(fd, count))
+    return count
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+def _drain(fd: int) -> None:
+    """Discard what the pipe `fd` holds (a late worker's byte, from workers now stopped)."""
+    while select.select([fd], [], [], 0)[0]:
+        os.read(fd, 4096)
