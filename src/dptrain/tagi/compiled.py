@@ -41,6 +41,12 @@ DEFAULT_OPTIONS = {"cpp_wrapper": True}
 #: small batches the call's overhead is most of such a product's time.
 FUSED_MATMUL_MACS = 32768
 
+#: A program whose step is at most this much work (parameters × batch size, ~ the
+#: multiply-adds of one product) runs on one thread, whatever torch's thread count: its
+#: kernels take microseconds, and on 2 shared cores a second thread's fork and join per
+#: parallel loop cost more than it takes off (bench/tagi_compiled_step.py, --threads 2).
+SINGLE_THREAD_WORK = 1_000_000
+
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
 #: .update_heteros.
 UPDATES = ("plain", "indices", "heteros")
@@ -59,6 +65,8 @@ class CompiledStep:
     (default `DEFAULT_OPTIONS` with inductor and no `mode`). `fused_matmul_macs`: with
     inductor and no `mode`, matrix products up to this many multiply-adds are generated as
     loops fused into the program (0: every product calls the BLAS library).
+    `single_thread_work`: a program whose parameters × batch size is at most this is
+    generated for, and run on, one thread (None: torch's thread count, always).
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
@@ -66,7 +74,8 @@ class CompiledStep:
     def __init__(self, net: Any, update: str = "plain", *, backend: str = "inductor",
                  mode: str | None = None, options: dict[str, Any] | None = None,
                  reduce: Callable[[], int] | None = None, eager: Any = None,
-                 fused_matmul_macs: int = FUSED_MATMUL_MACS) -> None:
+                 fused_matmul_macs: int = FUSED_MATMUL_MACS,
+                 single_thread_work: int | None = SINGLE_THREAD_WORK) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
@@ -74,6 +83,8 @@ class CompiledStep:
         if options is None and backend == "inductor" and mode is None:
             options = dict(DEFAULT_OPTIONS)
         self.options, self.fused_matmul_macs = options, fused_matmul_macs
+        self.single_thread_work = single_thread_work
+        self._single_thread = False
         self._reduce, self._eager = reduce, eager if eager is not None else net
         self.updater = OutputUpdater(net.device)
         self._program: Callable | None = None
@@ -112,17 +123,13 @@ class CompiledStep:
         if self._shapes is not None and shapes != self._shapes:
             return self._eager_step(mu_x, y, var_y, selected_idx)
         inputs = (mu_x, y, noise, idx, self._cap(mu_x.shape[0]))
-        direct = self._direct
-        if direct is not None and direct.ready(inputs):
-            mu, var = direct(inputs)
-        else:
-            try:
-                mu, var = self._traced_call(shapes, inputs)
-            except Exception as err:  # noqa: BLE001 - anything the tracer or compiler refuses
-                if self.compiled_steps:  # it ran before: a real error of this step, not capture
-                    raise
-                self._give_up(err)
-                return self._eager_step(mu_x, y, var_y, selected_idx)
+        try:
+            mu, var = self._run(shapes, inputs)
+        except Exception as err:  # noqa: BLE001 - anything the tracer or compiler refuses
+            if self.compiled_steps:  # it ran before: a real error of this step, not capture
+                raise
+            self._give_up(err)
+            return self._eager_step(mu_x, y, var_y, selected_idx)
         self.compiled_steps += 1
         self._record(mu_x.shape[0], mu, var)
         if self._reduce is not None:
@@ -134,6 +141,13 @@ class CompiledStep:
         return mu, var
 
     step = __call__
+
+    def _small(self, batch: int) -> bool:
+        """Whether the program (compiled at this batch) runs on one thread: fixed when it is
+        compiled, as inductor generates its loops for the thread count of that moment."""
+        self._single_thread = (self.single_thread_work is not None and
+                               self.net.flat_params.shape[-1] * batch <= self.single_thread_work)
+        return self._single_thread
 
     def _cap(self, batch: int) -> torch.Tensor | None:
         """(−1/c, 1/c) of the cap, a cached tensor: an input of the program, not a constant
@@ -175,6 +189,23 @@ class CompiledStep:
         if not isinstance(noise, torch.Tensor):
             noise = self._input_scalar(noise)
         return _shaped_like(y, shape, like, "mu_obs"), noise, idx
+
+    def _run(self, shapes: tuple, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """The program (the direct call where armed), on one thread if the step is small."""
+        small = self._single_thread if self._program is not None else \
+            self._small(shapes[0][0])
+        threads = torch.get_num_threads()
+        single = small and threads > 1
+        if single:  # the program is generated, and runs, for one thread
+            torch.set_num_threads(1)
+        try:
+            direct = self._direct
+            if direct is not None and direct.ready(inputs):
+                return direct(inputs)
+            return self._traced_call(shapes, inputs)
+        finally:
+            if single:
+                torch.set_num_threads(threads)
 
     def _traced_call(self, shapes: tuple, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         """The step through torch.compile (its guards, its side effects); where the step
@@ -279,22 +310,22 @@ class CompiledStep:
 
 class _Capture:
     """A torch.compile backend wrapping another: keeps the program it compiled and the
-    arguments dynamo passed it on the call made while `args` is None."""
+    arguments dynamo passed it on the call made while `args` is None (dynamo may hold
+    several of its programs, one per guarded variant of the step)."""
 
     def __init__(self, compile_graph: Callable) -> None:
         self.compile_graph = compile_graph
         self.program: Callable | None = None
-        self.outputs = -1  # how many tensors the graph returns
+        self.outputs = -1  # how many tensors that program returns
         self.args: list | None = None
 
     def __call__(self, graph: torch.fx.GraphModule, inputs: list) -> Callable:
-        self.outputs = len(graph.graph.output_node().args[0])
+        outputs = len(graph.graph.output_node().args[0])
         program = self.compile_graph(graph, inputs)
 
         def recorded(*args: Any) -> Any:
             if self.args is None:
-                self.args = list(args)
-                self.program = program
+                self.args, self.program, self.outputs = list(args), program, outputs
             return program(*args)
         return recorded
 
