@@ -9,7 +9,9 @@ Cases: the FNN 784-128-128-11 (HRC) at batch 32, heteroscedastic regression at b
 pytagi's LSTM example network at batch 5, 64 and 256. Two networks from the same seed, one
 stepped by the eager pytagi loop, one by `net.compile(...)`, alternating repeats of the same
 batches (which goes first alternates too), one thread; a figure is the median over repeats,
-with the spread (min-max over repeats) printed beside it, as the machine may be shared.
+with the spread (min-max over repeats) printed beside it, as the machine may be shared, and
+the median CPU time per step of this process (which leaves out the time other work held the
+core).
 With --cpp-wrapper a third network, compiled with inductor's C++ wrapper, joins the
 alternation ("compiled" is then the Python wrapper). Per case: eager and compiled ms per step,
 their ratio, compile time (first compiled step minus an eager one, fresh inductor cache), break-even steps (compile time / time saved per step),
@@ -77,11 +79,17 @@ def batches(update: str, batch: int, width: int, out: int, count: int = 20) -> l
     return rows
 
 
+#: CPU seconds of the last `run` (this process's: on a shared machine the wall time also
+#: counts the time other work held the core)
+LAST_CPU_SECONDS = [0.0]
+
+
 def run(step, data, first: int, count: int) -> float:
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for k in range(first, first + count):
         x, y, var_y, idx = data[k % len(data)]
         step(x, y, var_y, idx)
+    LAST_CPU_SECONDS[0] = time.process_time() - cpu_start
     return time.perf_counter() - start
 
 
@@ -118,18 +126,23 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> d
                         "max_rel_param_diff": float((a - b).abs().max() / a.abs().max()),
                         "fallback": step.fallback_reason}
     times: dict[str, list[float]] = {k: [] for k in steppers}
+    cpu: dict[str, list[float]] = {k: [] for k in steppers}
     position = 2
     for r in range(repeats):
         order = list(steppers) if r % 2 == 0 else list(steppers)[::-1]
         for which in order:
             times[which].append(1e3 * run(steppers[which], data, position, steps) / steps)
+            cpu[which].append(1e3 * LAST_CPU_SECONDS[0] / steps)
         position += steps
     row["eager_ms"] = statistics.median(times["eager"])
     row["eager_ms_range"] = [min(times["eager"]), max(times["eager"])]
+    row["eager_cpu_ms"] = statistics.median(cpu["eager"])
     for variant in row.keys() & {"compiled", "compiled_cpp"}:
         ms = statistics.median(times[variant])
         saved = (row["eager_ms"] - ms) / 1e3
+        cpu_ms = statistics.median(cpu[variant])
         row[variant].update(ms=ms, ms_range=[min(times[variant]), max(times[variant])],
+                            cpu_ms=cpu_ms, cpu_speedup=row["eager_cpu_ms"] / cpu_ms,
                             speedup=row["eager_ms"] / ms,
                             break_even_steps=row[variant]["compile_s"] / saved
                             if saved > 0 else None)
@@ -156,12 +169,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.case or list(cases()):
         rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper))
         r = rows[-1]
-        print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']}", flush=True)
+        print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']} "
+              f"(CPU {r['eager_cpu_ms']:.3f} ms)", flush=True)
         for variant in ("compiled", "compiled_cpp"):
             if variant in r:
                 v = r[variant]
                 even = "never" if v["break_even_steps"] is None else f"{v['break_even_steps']:.0f}"
-                print(f"  {variant:12} {v['ms']:.3f} ms {v['ms_range']} {v['speedup']:.2f}x, "
+                print(f"  {variant:12} {v['ms']:.3f} ms {v['ms_range']} {v['speedup']:.2f}x "
+                      f"(CPU {v['cpu_ms']:.3f} ms, {v['cpu_speedup']:.2f}x), "
                       f"compile {v['compile_s']:.1f} s, break-even {even} steps, "
                       f"+{v['compile_rss_mib']:.0f} MiB, diff {v['max_rel_param_diff']:.1e}",
                       flush=True)
