@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/tagi_compiled_step.py --cpp-wrapper   # writes the JSON below
     .venv/bin/python bench/tagi_compiled_step.py --quick         # smoke run, writes nothing
+    .venv/bin/python bench/tagi_compiled_step.py --threads 2 [--no-thread-rule] --output F
+        # eager on 2 threads; compiled with the engine's thread rule (or without: 2 threads)
 
 (bench/results/tagi_compiled_step.json)
 
@@ -35,7 +37,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 import torch  # noqa: E402
 
 from dptrain import tagi  # noqa: E402
-from dptrain.tagi.compiled import CompiledStep  # noqa: E402
+from dptrain.tagi.compiled import SINGLE_THREAD_WORK, CompiledStep  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import command_line  # noqa: E402
@@ -97,7 +99,8 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> dict:
+def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
+            thread_rule: bool = True) -> dict:
     """Eager vs compiled (and, with `cpp_wrapper`, compiled with inductor's C++ wrapper),
     all stepped in one alternating sequence."""
     build, update, batch, width, out = cases()[name]
@@ -110,7 +113,9 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> d
         if variant == "compiled_cpp" and not cpp_wrapper:
             continue
         tagi.manual_seed(0)
-        steppers[variant] = CompiledStep(build(), update, options=options)
+        steppers[variant] = CompiledStep(build(), update, options=options,
+                                         single_thread_work=SINGLE_THREAD_WORK
+                                         if thread_rule else None)
     data = batches(update, batch, width, out)
     for step in steppers.values():
         run(step, data, 0, 1)  # the first step is eager
@@ -160,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpp-wrapper", action="store_true",
                    help="also inductor's cpp_wrapper (the program's glue as C++, not Python), "
                         "in the same alternation")
+    p.add_argument("--no-thread-rule", action="store_true",
+                   help="compiled steps on --threads whatever their size (default: a small "
+                        "step's program on one thread, SINGLE_THREAD_WORK)")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -167,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.case or list(cases()):
-        rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper))
+        rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper,
+                            not args.no_thread_rule))
         r = rows[-1]
         print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']} "
               f"(CPU {r['eager_cpu_ms']:.3f} ms)", flush=True)
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.quick:
         write_json(args.output, {"command": command_line(), "rows": rows, "repeats": args.repeats,
                                  "steps": args.steps, "threads": args.threads,
+                                 "thread_rule": not args.no_thread_rule,
                                  "cpp_wrapper": args.cpp_wrapper,
                                  "hardware": hardware(), "git": git_describe(),
                                  "torch": torch.__version__})
