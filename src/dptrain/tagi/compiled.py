@@ -354,7 +354,10 @@ class _DirectCall:
             if len(found) > 1:  # not an argument of its own: leave it to dynamo
                 return None
             slots.extend((i, k) for k in found)  # none: the graph does not read it
-        return cls(capture.program, list(args), slots, _layout(inputs), objects, fingerprint)
+        armed = cls(capture.program, list(args), slots, _layout(inputs), objects, fingerprint)
+        # the values the fingerprint names, kept alive so that no new object takes one's id
+        armed.pinned = [_values(obj) for obj in objects]
+        return armed
 
     def ready(self, inputs: tuple) -> bool:
         return _layout(inputs) == self.layout and \
@@ -395,12 +398,16 @@ def _fingerprint(objects: list) -> list:
     net, *others = objects
     out = [id(value) for key, value in vars(net).items() if key not in _WRITTEN_OUTSIDE]
     for obj in others:
-        attrs = getattr(obj, "__dict__", None)
-        if attrs is None:  # a slotted object
-            out.extend(id(getattr(obj, key, None)) for key in type(obj).__slots__)
-        else:
-            out.extend(map(id, attrs.values()))
+        out.extend(map(id, _values(obj)))
     return out
+
+
+def _values(obj: Any) -> list:
+    """The values of `obj`'s attributes (of its slots, for a slotted object)."""
+    attrs = getattr(obj, "__dict__", None)
+    if attrs is None:
+        return [getattr(obj, key, None) for key in type(obj).__slots__]
+    return list(attrs.values())
 
 
 def _update(kind: str, mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,
