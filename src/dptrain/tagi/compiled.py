@@ -63,10 +63,10 @@ class CompiledStep:
     which traces the same graph without generating code). `mode`: torch.compile's, e.g.
     "reduce-overhead" to replay the program as a CUDA graph on a GPU. `options`: inductor's
     (default `DEFAULT_OPTIONS` with inductor and no `mode`). `fused_matmul_macs`: with
-    inductor and no `mode`, matrix products up to this many multiply-adds are generated as
-    loops fused into the program (0: every product calls the BLAS library).
-    `single_thread_work`: a program whose parameters × batch size is at most this is
-    generated for, and run on, one thread (None: torch's thread count, always).
+    inductor, no `mode` and on the CPU, matrix products up to this many multiply-adds are
+    generated as loops fused into the program (0: every product calls the BLAS library).
+    `single_thread_work`: on the CPU, a program whose parameters × batch size is at most this
+    is generated for, and run on, one thread (None: torch's thread count, always).
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
@@ -146,6 +146,7 @@ class CompiledStep:
         """Whether the program (compiled at this batch) runs on one thread: fixed when it is
         compiled, as inductor generates its loops for the thread count of that moment."""
         self._single_thread = (self.single_thread_work is not None and
+                               self.net.device.type == "cpu" and
                                self.net.flat_params.shape[-1] * batch <= self.single_thread_work)
         return self._single_thread
 
@@ -235,7 +236,8 @@ class CompiledStep:
                                      traced.__name__)
             backend, options = self.backend, self.options
             if self.mode is None:  # (a mode's own wrapper, e.g. CUDA graphs, stays whole)
-                if backend == "inductor" and self.fused_matmul_macs:
+                if backend == "inductor" and self.fused_matmul_macs and \
+                        self.net.device.type == "cpu":  # (measured on the CPU only)
                     backend = _inductor_with_fused_matmuls(options, self.fused_matmul_macs)
                 elif isinstance(backend, str):
                     backend = torch._dynamo.lookup_backend(backend)
