@@ -161,6 +161,14 @@ def test_compiled_fnn_figures_are_its_json():
                "fastest repeat)")
 
 
+def test_compiled_lstm_batch_64_figures_are_its_json():
+    record = _load("tagi_lstm_vs_pytagi_b64_compiled.json")
+    ours, theirs = record["summary"]["dptrain"], record["summary"]["pytagi"]
+    _in_readme(f"the compiled step trains at {_rate(ours['samples_per_s'])} samples/s against "
+               f"pytagi's {_rate(theirs['samples_per_s'])}, **{record['speed_ratio']:.2f}x**, "
+               f"and {record['cpu_speed_ratio']:.2f}x per CPU second")
+
+
 def test_compiled_heteros_figures_are_its_json():
     record = _load("tagi_heteros_vs_pytagi_compiled.json")
     ours, theirs = record["summary"]["dptrain"], record["summary"]["pytagi"]
