@@ -169,6 +169,19 @@ def test_compiled_lstm_batch_64_figures_are_its_json():
                f"and {record['cpu_speed_ratio']:.2f}x per CPU second")
 
 
+def test_compiled_fnn_one_thread_figures_are_their_json():
+    for name, compiled in (("tagi_vs_pytagi_b32_1thread_compiled.json", True),
+                           ("tagi_vs_pytagi_b32_1thread.json", False)):
+        record = _load(name)
+        assert record["settings"]["compile"] is compiled and record["settings"]["threads"] == 1
+        train = next(r for r in record["results"] if r["phase"] == "train")
+        ratio = f"**{train['ratio']:.2f}x**" if compiled else f"{train['ratio']:.2f}x"
+        _in_readme(f"{ratio} pytagi ({_rate(train['ours_samples_per_s'])} against "
+                   f"{_rate(train['pytagi_samples_per_s'])} samples/s)" if compiled else
+                   f"eager {ratio} ({_rate(train['ours_samples_per_s'])} against "
+                   f"{_rate(train['pytagi_samples_per_s'])})")
+
+
 def test_compiled_heteros_figures_are_its_json():
     record = _load("tagi_heteros_vs_pytagi_compiled.json")
     ours, theirs = record["summary"]["dptrain"], record["summary"]["pytagi"]
