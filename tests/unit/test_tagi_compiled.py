@@ -93,6 +93,9 @@ FAMILIES = {
         tagi.ReLU(), tagi.Linear(144, 2)), (3, 2, 6, 6), 2, "plain", None),
     "lstm": (lambda: tagi.Sequential(tagi.LSTM(1, 4, 3), tagi.LSTM(4, 4, 3),
                                      tagi.Linear(12, 1)), (5, 3), 1, "plain", None),
+    # batch 1, seq_len 1: the states carried from step to step (kept by drop_forward)
+    "lstm carried": (lambda: tagi.Sequential(tagi.LSTM(1, 4, 1), tagi.Linear(4, 1)),
+                     (1, 1), 1, "plain", None),
     "slstm": (lambda: tagi.Sequential(tagi.SLSTM(1, 4, 1), tagi.SLinear(4, 1)),
               (3, 1), 1, "plain", None),
     "evenexp heteros": (lambda: tagi.Sequential(tagi.Linear(1, 8), tagi.ReLU(),
