@@ -4,7 +4,9 @@
     file_sha256("my_data.py:folders")                               # what the run records
 
 The file is imported under a name derived from its path and registered in `sys.modules`, so
-pickling (DataLoader workers, dataclasses) finds what it defines.
+pickling (DataLoader workers, dataclasses) finds what it defines. A process that starts afresh
+(a DataLoader worker) imports the same files again first: pickle `ImportedFirst()` before the
+objects they define.
 """
 
 from __future__ import annotations
@@ -54,17 +56,11 @@ def load_function(spec: str, *, option: str, what: str) -> Callable[..., Any]:
     path, func = split_spec(spec, option)
     if not path.is_file():
         raise ConfigError(f"{option} {spec}: {what} not found: {path}")
-    name = f"_dptrain_user_code_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"{option} {spec}: cannot import {path} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    name = f"{MODULE_PREFIX}{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
     try:
-        module_spec.loader.exec_module(module)
-    except Exception as err:  # the user's code: any failure is "this file does not import"
-        raise ConfigError(f"{option} {spec}: importing {path} failed: {type(err).__name__}: "
-                          f"{err}") from None
+        module = _import(name, path)
+    except ImportError as err:
+        raise ConfigError(f"{option} {spec}: {err}") from None
     fn = getattr(module, func, None)
     if not callable(fn):
         defined = sorted(n for n, v in vars(module).items()
@@ -72,3 +68,43 @@ def load_function(spec: str, *, option: str, what: str) -> Callable[..., Any]:
         raise ConfigError(f"{option} {spec}: {path} has no function {func!r} (it defines: "
                           f"{', '.join(defined) or 'no functions'})")
     return fn
+
+
+MODULE_PREFIX = "_dptrain_user_code_"
+"""The start of the module name a user's file is imported under."""
+
+
+def _import(name: str, path: Path) -> Any:
+    """Import the file `path` as the module `name` (registered in `sys.modules`); ImportError
+    saying why not."""
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:  # the user's code: any failure is "this file does not import"
+        del sys.modules[name]
+        raise ImportError(f"importing {path} failed: {type(err).__name__}: {err}") from None
+    return module
+
+
+class ImportedFirst:
+    """The user files this process imported, named in a pickle so that the process reading it
+    imports them again, under the same names, before it meets what they define (pickle
+    rebuilds objects in the order it wrote them: pickle this one first)."""
+
+    def __init__(self) -> None:
+        self.files = {name: module.__file__ for name, module in list(sys.modules.items())
+                      if name.startswith(MODULE_PREFIX) and getattr(module, "__file__", None)}
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _import_missing, (self.files,)
+
+
+def _import_missing(files: dict[str, str]) -> dict[str, str]:
+    for name, path in files.items():
+        if name not in sys.modules:
+            _import(name, Path(path))
+    return files

@@ -5,7 +5,12 @@ line, and no worker left behind (docs/design.md, contracts 3 and 9)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,6 +97,61 @@ def test_closing_stops_every_worker(folder):
     assert len(multiprocessing.active_children()) >= 2
     loader.close()
     assert multiprocessing.active_children() == []
+
+
+_KILLED_OWNER = """
+import sys, time
+from dptrain.data import ShardedSampler
+from dptrain.data.config import DataConfig, load_split
+from dptrain.data.loader import BatchLoader
+dataset = load_split(DataConfig(dataset="imagefolder:" + sys.argv[1], image_size=16), seed=1).train
+loader = BatchLoader(dataset, ShardedSampler(dataset, rank=0, world_size=1, seed=5), 8, workers=2)
+next(iter(loader))
+print(*(w.pid for w in loader._loader._iterator._workers), flush=True)
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_are_not_forks_of_the_training_process(folder):
+    """A rank's gloo threads run Python now and then; a fork landing then can deadlock the
+    child (CPython gh-112275): workers come from a fork server instead."""
+    dataset = load_split(DataConfig(dataset=f"imagefolder:{folder}", image_size=16),
+                         seed=1).train
+    with BatchLoader(dataset, ShardedSampler(dataset, rank=0, world_size=1, seed=5), 8,
+                     workers=2) as loader:
+        next(iter(loader))
+        workers = [w.pid for w in loader._loader._iterator._workers]
+        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                   for pid in workers}
+    assert os.getpid() not in parents and len(parents) == 1, parents
+
+
+def test_workers_end_with_a_process_killed_outright(folder):
+    """SIGKILL leaves no time to close the loader, and the workers are the fork server's
+    children, not the killed process's: they watch it and end with it."""
+    owner = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER, str(folder)],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        workers = [int(pid) for pid in owner.stdout.readline().split()]
+        assert len(workers) == 2 and all(map(_running, workers)), workers
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, workers)), f"left behind: {workers}"
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=30)
+        owner.stdout.close()
 
 
 @pytest.mark.parametrize("workers", [0, 2])

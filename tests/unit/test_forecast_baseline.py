@@ -149,6 +149,27 @@ def test_the_variance_scale_is_chosen_on_validation_never_on_test():
     assert "forecast_variance_scale" in forecast_report(yesterday, series, None)
 
 
+@pytest.mark.parametrize("every, leads", [(0, 40), (10, 10), (30, 30)])
+def test_the_variance_scale_scores_validation_at_the_test_forecast_s_lead_times(every, leads):
+    """A recursive forecast errs more the further it runs: the scale is chosen on validation
+    values forecast at the leads the test protocol forecasts at, each about once. Here a
+    forecaster that repeats the last value with variance 1 (standardised) on a straight line
+    errs by k/std at lead k, so c = mean of k² over the leads scored: 1 to 40 for one forecast
+    of the 40 test steps (from origins 20 apart, the validation part's length), where the
+    validation part's own 20 steps gave 1 to 20 only and intervals too narrow for the test
+    part's last half; 1 to 10 twice for daily-style origins 10 apart; 1 to 30 for origins
+    30 apart."""
+    series = dataclasses.replace(_split(np.arange(200.0)[None]).series, forecast_every=every)
+    assert (series.train_end, series.val_end) == (140, 160)
+
+    def last_value(mu_x, var_x):
+        return mu_x[:, -1:], torch.ones_like(var_x[:, -1:])
+
+    _, scale = calibrated_test(last_value, series)
+    k = np.arange(1, leads + 1)
+    assert scale * series.norm.std.item() ** 2 == pytest.approx(np.mean(k ** 2), rel=1e-4)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"forecast_every": -1}, "forecast-every: expected an integer >= 0, got -1"),
     ({"season": -2}, "season: expected an integer >= 0, got -2"),

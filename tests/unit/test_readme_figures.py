@@ -353,3 +353,34 @@ def test_readme_headline_table_is_its_json():
     overhead = _load("torch_trainer_overhead.json")["train_epochs_time_ratio"]
     _row("| Trainer + TorchLearner, time of the training epochs |", f"{overhead:.3f}x",
          page=README)
+
+
+def test_forecast_figures_are_the_learning_test_s():
+    """tagi-lstm's ND beside the seasonal naive's on `hourly` at its defaults: the learning
+    test's constants (tests/unit/test_covariates.py), which it asserts against a fresh run."""
+    from tests.unit.test_covariates import HOURLY_ND
+
+    (whole, naive), (daily, daily_naive) = HOURLY_ND[0], HOURLY_ND[24]
+    text = (f"ND of {whole:.3f} beside the seasonal naive's {naive:.3f} ({daily:.3f} beside "
+            f"{daily_naive:.3f} rolled daily)")
+    assert text in re.sub(r"\s+", " ", README), f"the README does not say {text!r}"
+    _in_readme(text)
+
+
+def test_forecast_calibration_table_is_forecast_defaults_json():
+    """docs/forecasting.md's table of tagi-lstm at its defaults on the built-in series: each
+    row its result in bench/results/forecast_defaults.json; the hourly rows at the default
+    lookback are the learning test's constants."""
+    from tests.unit.test_covariates import HOURLY_ND
+
+    page = _expanded(REPO / "docs" / "forecasting.md")
+    for r in _load("forecast_defaults.json")["results"]:
+        protocol = "rolled daily" if r["forecast_every"] else "whole test part"
+        features = "" if r["time_features"] == "auto" else ', `--time-features ""`'
+        _row(f"| `{r['dataset']}`, L {r['lookback']}, H {r['horizon']}, {protocol}{features} |",
+             f"{100 * r['coverage_2sigma_unscaled']:.1f} → {100 * r['coverage'][1]:.1f} %",
+             f"{r['variance_scale']:.2f}", f"{r['nd']:.3f}", f"{r['nd_naive']:.3f}", page=page)
+        if (r["dataset"], r["lookback"], r["time_features"]) == ("hourly", 48, "auto"):
+            model, naive = HOURLY_ND[r["forecast_every"]]
+            assert (f"{r['nd']:.3f}", f"{r['nd_naive']:.3f}") == (f"{model:.3f}",
+                                                                  f"{naive:.3f}"), r

@@ -140,7 +140,8 @@ def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
                           f"test part to choose the best epoch; only a run started before "
                           f"validation parts resumes so (dptrain sees to it): give a count or "
                           f"a fraction, or auto")
-    merged = {**model_defaults(merged.get("model", TrainOptions.model)), **merged}
+    merged = {**model_defaults(merged.get("model", TrainOptions.model),
+                               merged.get("dataset", TrainOptions.dataset)), **merged}
     return TrainOptions(**merged)
 
 

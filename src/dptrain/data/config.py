@@ -51,7 +51,8 @@ class DataConfig:
     """imagefolder: an image that cannot be decoded stops the run with one line naming it
     (error), or is left out of its batch and counted in summary.json (skip)."""
     lookback: int = 24
-    """Time series: values of each series a window shows the model (its input)."""
+    """Time series: values of each series a window shows the model (its input); tagi-lstm's
+    default is 48."""
     horizon: int = 1
     """Time series: values after the window the model predicts at once (its targets); a
     longer forecast feeds its predictions back as inputs."""
@@ -77,10 +78,12 @@ class DataConfig:
     time_features: str = ""
     """Time series: calendar features of the time column as known covariates, comma-separated
     from minute, hour, weekday, month, dayofyear, or auto (those the time spacing gives: hour
-    and weekday for values spaced below a day); empty: none."""
+    and weekday for values spaced below a day; none for times that are not dates); empty:
+    none. tagi-lstm's default is auto."""
     covariates: str = ""
-    """Time series in a wide CSV: its columns (comma-separated) that are known covariates, fed
-    with the values at every input step and over the horizon, never predicted."""
+    """Time series in a CSV: its columns (comma-separated) that are known covariates, shared
+    by the series (in a long file, the same at one time on every series' row), fed with the
+    values at every input step and over the horizon, never predicted."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
     (0: decode in the training process; -1: 0 for data held in memory, else a share of the

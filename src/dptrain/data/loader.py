@@ -22,6 +22,12 @@ data (a corrupt image: `DataError`) reach the training process as the same one-l
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
+import select
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,9 +39,23 @@ from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.mixing import Mixing, MixPlan, global_positions
 from dptrain.data.sampler import ShardedSampler
 from dptrain.errors import ConfigError, DataError
+from dptrain.user_code import ImportedFirst
+
+WORKER_START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
+    else "spawn"
+"""How worker processes start: never as a fork of the training process. A rank has native
+threads that run Python now and then (gloo's, releasing a finished collective's tensors); a
+fork that lands while one of them registers with the interpreter leaves the child deadlocked
+before it runs a line (CPython gh-112275, met with Python 3.11). A fork
+server is a fresh interpreter with one thread: its forks are safe."""
 
 BatchKey = tuple[int, torch.Tensor, "MixPlan | None"]
 """(epoch, this rank's sample indices of one batch, their mixup/cutmix draws if any)."""
+
+SentKey = tuple[int, Any, Any]
+"""A `BatchKey` as sent to a worker: its tensors as numpy arrays, pickled by value. A tensor
+would go by a file descriptor the worker fetches from this process, which fails (a traceback
+in the worker) when this process has just died: a rank killed right after asking."""
 
 
 def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
@@ -72,11 +92,31 @@ class _Batches(Dataset):
     def __init__(self, dataset: Dataset, mixing: Mixing | None = None) -> None:
         self.dataset, self.mixing = dataset, mixing
 
-    def __getitem__(self, key: BatchKey) -> Any:
+    def __getitem__(self, key: SentKey) -> Any:
         try:
-            return make_batch(self.dataset, *key, mixing=self.mixing)
+            return make_batch(self.dataset, *_received(key), mixing=self.mixing)
         except DataError as err:
             return _Failure(str(err))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # A worker starts afresh: the user's dataset file is imported before its classes.
+        return _rebuilt, (ImportedFirst(), self.dataset, self.mixing)
+
+
+def _rebuilt(_files: Any, dataset: Dataset, mixing: Mixing | None) -> _Batches:
+    return _Batches(dataset, mixing)
+
+
+def _sent(epoch: int, indices: torch.Tensor, plan: MixPlan | None) -> SentKey:
+    draws = None if plan is None else (plan.partners.numpy(), plan.lam.numpy(),
+                                       plan.boxes.numpy())
+    return epoch, indices.numpy(), draws
+
+
+def _received(key: SentKey) -> BatchKey:
+    epoch, indices, draws = key
+    plan = None if draws is None else MixPlan(*(torch.from_numpy(a) for a in draws))
+    return epoch, torch.from_numpy(indices), plan
 
 
 def make_batch(dataset: Dataset, epoch: int, indices: torch.Tensor, plan: MixPlan | None,
@@ -99,13 +139,13 @@ class _Failure:
         self.message = message
 
 
-class _Keys(Sampler[BatchKey]):
+class _Keys(Sampler[SentKey]):
     """The keys of the batches the loader is about to hand out; set anew for every pass."""
 
     def __init__(self) -> None:
-        self.keys: list[BatchKey] = []
+        self.keys: list[SentKey] = []
 
-    def __iter__(self) -> Iterator[BatchKey]:
+    def __iter__(self) -> Iterator[SentKey]:
         return iter(self.keys)
 
     def __len__(self) -> int:
@@ -139,12 +179,14 @@ class BatchLoader:
         """Why each sample left out of a batch was (distinct reasons, each naming its file)."""
         self._loader: DataLoader | None = None
         if workers:
-            # Forked workers share the dataset's memory (a file list, uint8 images) instead of
-            # a pickled copy each, and see classes defined in a user's dataset file.
+            # Each worker gets the dataset pickled once (its tensors in shared memory) and keeps
+            # it: the workers persist across epochs.
             self._loader = DataLoader(
                 _Batches(dataset, mixing), sampler=self._keys, batch_size=None, num_workers=workers,
                 persistent_workers=True, pin_memory=pin_memory, prefetch_factor=prefetch,
-                worker_init_fn=_one_thread, collate_fn=_as_made)
+                worker_init_fn=functools.partial(_start_worker, os.getpid()),
+                collate_fn=_as_made,
+                multiprocessing_context=_worker_context())
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank."""
@@ -163,7 +205,7 @@ class BatchLoader:
             made: Iterator[Any] = (make_batch(self.dataset, epoch, idx, plan, mixing=self.mixing)
                                    for idx, plan in zip(index_batches, plans))
         else:
-            self._keys.keys = [(epoch, idx, plan) for idx, plan in zip(index_batches, plans)]
+            self._keys.keys = [_sent(epoch, idx, plan) for idx, plan in zip(index_batches, plans)]
             made = iter(self._loader)
         for end, batch in zip(ends, made):
             if isinstance(batch, _Failure):
@@ -208,6 +250,41 @@ def _as_made(batch: Any) -> Any:
     return batch
 
 
-def _one_thread(worker_id: int) -> None:
+def _worker_context() -> Any:
+    context = multiprocessing.get_context(WORKER_START)
+    if WORKER_START == "forkserver":
+        # imported once by the fork server, not once by every worker it starts
+        context.set_forkserver_preload(["dptrain.data.loader"])
+    return context
+
+
+def _start_worker(owner: int, worker_id: int) -> None:
     # A worker decodes one batch at a time; the rank's threads are for its training step.
     torch.set_num_threads(1)
+    threading.Thread(target=_end_with, args=(owner,), name="dptrain-owner", daemon=True).start()
+
+
+def _end_with(owner: int) -> None:
+    """End this worker as soon as the process it makes batches for ends, however it ends (a
+    killed rank). torch's own check watches the parent, here the fork server, which lives as
+    long as any of its workers does."""
+    try:
+        handle = os.pidfd_open(owner)
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):  # no pidfd here (not Linux 5.3 or later): poll
+        while _alive(owner):
+            time.sleep(0.5)
+        os._exit(0)
+    select.select([handle], [], [])
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from dptrain.data import Split
+from dptrain.data.datasets.registry import SERIES_DATASETS
 from dptrain.data.datasets.series import with_series_ids
 from dptrain.errors import ConfigError
 from dptrain.learners.config import (
@@ -49,10 +50,19 @@ HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp", "tagi-lstm")
 """Built-in TAGI models with a (mean, noise) output pair per target; model files may have it."""
 
 
-def model_defaults(name: str) -> dict[str, Any]:
+SERIES_OPTIONS = frozenset({"lookback", "horizon", "test_size", "season", "forecast_every",
+                            "time_features", "covariates"})
+"""Options only a time series takes (data/config.py refuses them for other data)."""
+
+
+def model_defaults(name: str, dataset: str | None = None) -> dict[str, Any]:
     """The training options a built-in model was tuned with (batch size, σ_v, gain, ...), to
-    use where the user set none; {} for any other name (a model file)."""
-    return dict(MODELS[name].defaults) if name in MODELS else {}
+    use where the user set none; {} for any other name (a model file). With `dataset` that
+    is not a time series, without the series options (which that data would refuse)."""
+    defaults = dict(MODELS[name].defaults) if name in MODELS else {}
+    if dataset is not None and dataset.partition(":")[0] not in SERIES_DATASETS:
+        defaults = {k: v for k, v in defaults.items() if k not in SERIES_OPTIONS}
+    return defaults
 
 
 def model_split(config: ModelConfig, split: Split) -> Split:

@@ -20,6 +20,7 @@ from dptrain.data.config import NO_VALIDATION, DataConfig
 from dptrain.dist.launch import LaunchConfig
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
+from dptrain.learners.build import model_defaults
 from dptrain.learners.models import TAGI_MODELS
 from dptrain.options import bad_value, check_at_least, defines_run, pick, resumable
 from dptrain.train.faults import FailAt
@@ -122,16 +123,34 @@ the missing entry (train/resume.py). Runs from before validation parts: no valid
 the test metric monitored; from before TAGI's link choice: pytagi's probit link."""
 
 
+BEFORE_MODEL_DEFAULT = {"tagi-lstm": {"heteroscedastic": False, "time_features": "",
+                                      "lookback": 24}}
+"""For a built-in model whose own default of an option changed what its runs compute: the
+value its runs had before. A run whose record holds it (or lacks the option), resumed with
+the option left at the model's default, goes on with it (`as_saved`): a tagi-lstm run from
+before its learned noise, calendar features and two-day lookback keeps the fixed σ_v, no
+covariates and a day's lookback."""
+
+
+def run_default(options: TrainOptions, name: str) -> Any:
+    """The default of option `name` for the model and dataset of `options`: the model's own
+    (`model_defaults`), else the option's."""
+    return model_defaults(options.model, options.dataset).get(name, RUN_DEFAULTS[name])
+
+
 def as_saved(options: TrainOptions, saved: dict[str, Any] | None) -> TrainOptions:
     """`options` resuming the run whose checkpoint holds the record `saved`: each option of
-    `BEFORE_OPTION` that `saved` predates and `options` leave at its default takes its old
-    value, so the run goes on as it began. A value given otherwise stays, and the record
-    comparison refuses it, naming it."""
+    `BEFORE_OPTION` (and of the model's `BEFORE_MODEL_DEFAULT`) that `saved` predates or holds
+    at its old value, and that `options` leave at its default, takes its old value, so the run
+    goes on as it began. A value given otherwise stays, and the record comparison refuses it,
+    naming it."""
     if saved is None:
         return options
+    before = {**BEFORE_OPTION, **BEFORE_MODEL_DEFAULT.get(options.model, {})}
     # A saved value equal to the old one: the run was resumed as such before, and goes on so.
-    changes = {name: old for name, old in BEFORE_OPTION.items()
-               if saved.get(name, old) == old and getattr(options, name) == RUN_DEFAULTS[name]}
+    changes = {name: old for name, old in before.items()
+               if saved.get(name, old) == old
+               and getattr(options, name) == run_default(options, name)}
     return dataclasses.replace(options, **changes) if changes else options
 
 

@@ -63,7 +63,9 @@ def check_base(options: TuneOptions, base: dict[str, Any], *, preflight: bool) -
     first = {d.name: d.choices[0] if d.kind == "choice" else
              (int(d.low) if d.kind == "int" else d.low) for d in dims.values()}
     merged = {**base, **first, "monitor": options.monitor}
-    train = TrainOptions(**{**model_defaults(merged.get("model", TrainOptions.model)), **merged})
+    defaults = model_defaults(merged.get("model", TrainOptions.model),
+                              merged.get("dataset", TrainOptions.dataset))
+    train = TrainOptions(**{**defaults, **merged})
     return train, resolve_monitor(options, train, check=preflight)
 
 

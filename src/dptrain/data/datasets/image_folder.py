@@ -8,8 +8,8 @@
 
 Class ids follow the sorted class folder names, which must be the same in both parts. The file
 list is the only thing kept in memory: relative paths in one numpy byte array and int64 labels
-(about the path's length plus 8 bytes per image, shared with forked DataLoader workers without
-copies, as Python lists would not be). Images are grey (1 channel) when every image is grey,
+(about the path's length plus 8 bytes per image, and no Python object per image, which would
+cost ten times that: each DataLoader worker holds one copy). Images are grey (1 channel) when every image is grey,
 else RGB; each is decoded when a batch needs it, transformed (`image_transforms`), and
 normalised per channel. Every process builds the list itself by scanning the folder (sorted,
 so the same everywhere; `fingerprint` lets a job check that its nodes see the same files).

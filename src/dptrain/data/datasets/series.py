@@ -3,7 +3,8 @@
 One CSV file with a header row, in one of two layouts:
   - wide: a time column first, then one column per series (`date,sales_a,sales_b`);
   - long: exactly three columns, the time, a series id (a column named `series`, `series_id`
-    or `id`) and the value (`date,series,value`), one row per (time, series).
+    or `id`) and the value (`date,series,value`), one row per (time, series), and the known
+    covariates named in `covariates`, shared by the series (`date,series,value,temp`).
 Times are labels: numbers (sorted as numbers) or anything else sorted as text, so ISO dates
 (2024-01-31) sort right. A wide file's rows must be in time order. An empty cell, `nan` or
 `NA` is a missing value.
@@ -22,8 +23,8 @@ observed before them, or with the training mean (0 once standardised) before the
 
 `with_series_ids(split)` appends each window's series id (0, 1, ... in the order of
 `SeriesData.names`) to its inputs as a last column, for a global model that embeds it.
-Columns of a wide file named in `covariates` are known covariates, paired with the values at
-every input step (`dptrain.data.datasets.covariates`).
+Columns named in `covariates` are known covariates, paired with the values at every input
+step (`dptrain.data.datasets.covariates`).
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
                 val_size: str | int | float | None = None,
                 test_size: str | int | float | None = None, covariates: str = "") -> Split:
     """Windows of the series in a CSV file (layouts in the module docstring); the columns
-    named in `covariates` (comma-separated, a wide file's) are known covariates, not series
+    named in `covariates` (comma-separated) are known covariates, not series
     (`dptrain.data.datasets.covariates`).
 
     Raises:
@@ -214,8 +215,8 @@ def load_series(path: str, *, lookback: int = 24, horizon: int = 1,
             is kept, an empty one left out, each with a warning line: `series_split`.)
         ConfigError: lookback, horizon or fractions out of range.
     """
-    names, times, values = read_series_csv(path)
     known = [c.strip() for c in covariates.split(",") if c.strip()]
+    names, times, values = read_series_csv(path, known)
     for column in known:
         if column not in names:
             raise DataError(f"{path}: covariate column {column!r} is not in the file; its "
@@ -340,8 +341,11 @@ def _windows(series: SeriesData, inputs: torch.Tensor, targets: torch.Tensor, lo
 
 
 # ------------------------------------------------------------------------------- reading
-def read_series_csv(path: str) -> tuple[list[str], list[str], np.ndarray]:
-    """(series names, time labels, values (S, T) float64 with NaN where missing)."""
+def read_series_csv(path: str, covariates: list[str] | tuple[str, ...] = ()
+                    ) -> tuple[list[str], list[str], np.ndarray]:
+    """(column names, time labels, values (S, T) float64 with NaN where missing): one row per
+    series, then, in a long file, one per column named in `covariates` (a wide file's are
+    among its series columns)."""
     try:
         text = read_bytes(path).decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -360,7 +364,7 @@ def read_series_csv(path: str) -> tuple[list[str], list[str], np.ndarray]:
                         f"column, got the header {header}")
     ids = [j for j, h in enumerate(header) if h.lower() in ID_COLUMNS]
     if ids:
-        return _read_long(path, header, rows[1:], ids[0])
+        return _read_long(path, header, rows[1:], ids[0], covariates)
     return _read_wide(path, header, rows[1:])
 
 
@@ -398,20 +402,44 @@ def _read_wide(path: str, header: list[str], rows: list) -> tuple[list[str], lis
     return header[1:], times, values.T.copy()
 
 
-def _read_long(path: str, header: list[str], rows: list, id_col: int
-               ) -> tuple[list[str], list[str], np.ndarray]:
-    if len(header) != 3:
+def _long_columns(path: str, header: list[str], id_col: int,
+                  covariates: list[str] | tuple[str, ...]) -> tuple[int, int, list[int]]:
+    """(time, value, covariate) column indices of a long file: the time first, the id, then
+    the value and the covariates in any order."""
+    time_col, *others = (j for j in range(len(header)) if j != id_col)
+    for column in covariates:
+        if column not in header[time_col + 1:] or header.index(column) == id_col:
+            raise DataError(f"{path}: covariate column {column!r} is not in the file; its "
+                            f"columns: {', '.join(header)}")
+    cov_cols = [header.index(c) for c in covariates]
+    value_cols = [j for j in others if j not in cov_cols]
+    if len(value_cols) != 1:
         raise DataError(f"{path}: a long-format series CSV has exactly three columns (time, "
-                        f"{header[id_col]}, value), got {header} (known covariates are "
-                        f"columns of a wide file)")
-    time_col, value_col = (j for j in range(3) if j != id_col)
+                        f"{header[id_col]}, value) besides the known covariates named by "
+                        f"--covariates, got {header}"
+                        + (f": name {', '.join(header[j] for j in value_cols[1:])} in "
+                           f"--covariates, or leave it out" if len(value_cols) > 1 else ""))
+    return time_col, value_cols[0], cov_cols
+
+
+def _read_long(path: str, header: list[str], rows: list, id_col: int,
+               covariates: list[str] | tuple[str, ...] = ()
+               ) -> tuple[list[str], list[str], np.ndarray]:
+    """A long file: the time, the id, the value, and the known covariates named in
+    `covariates`, which the series share: at one time every row that gives one gives the
+    same value. Returns the series, then the covariates as rows of their own."""
+    time_col, value_col, cov_cols = _long_columns(path, header, id_col, covariates)
     names = list(dict.fromkeys(row[id_col] for _, row in rows))
+    clash = set(names) & set(covariates)
+    if clash:
+        raise DataError(f"{path}: series {sorted(clash)[0]!r} has a covariate's name")
     index = {name: s for s, name in enumerate(names)}
     keys = _time_key([row[time_col] for _, row in rows])
     times = sorted(set(zip(keys, (row[time_col] for _, row in rows))))
     position = {label: i for i, (_, label) in enumerate(times)}
-    values = np.full((len(names), len(times)), np.nan)
+    values = np.full((len(names) + len(cov_cols), len(times)), np.nan)
     seen: dict[tuple[int, int], int] = {}
+    given: dict[tuple[int, int], int] = {}  # (covariate, time) -> the line that gave it
     for line, row in rows:
         s, t = index[row[id_col]], position[row[time_col]]
         if (s, t) in seen:
@@ -419,4 +447,15 @@ def _read_long(path: str, header: list[str], rows: list, id_col: int
                             f"at time {row[time_col]!r} (first on line {seen[s, t]})")
         seen[s, t] = line
         values[s, t] = _number(path, line, header[value_col], row[value_col])
-    return names, [label for _, label in times], values
+        for c, j in enumerate(cov_cols):
+            value = _number(path, line, header[j], row[j])
+            if math.isnan(value):
+                continue
+            first = values[len(names) + c, t]
+            if (c, t) in given and value != first:
+                raise DataError(f"{path}: line {line}: covariate {header[j]!r} is {row[j]} at "
+                                f"time {row[time_col]!r}, {first:g} on line {given[c, t]}; a "
+                                f"known covariate is shared by every series")
+            given.setdefault((c, t), line)
+            values[len(names) + c, t] = value
+    return [*names, *covariates], [label for _, label in times], values

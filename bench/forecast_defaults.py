@@ -1,0 +1,111 @@
+"""tagi-lstm at its registry defaults on the built-in series: ND beside the seasonal naive's and
+the ±2σ coverage before and after the variance scale chosen on validation.
+
+    .venv/bin/python bench/forecast_defaults.py      # writes bench/results/forecast_defaults.json
+
+Each row trains the registry's tagi-lstm (learned noise, --hidden 8, --batch-size 16, 10
+epochs, seed 0) on one built-in series with the row's lookback, horizon, calendar features
+and protocol (the whole test part, or rolled daily), as the learning tests in
+tests/unit/test_covariates.py do, and scores the test part's forecast as a run reports it.
+Printed: the rows of docs/forecasting.md's calibration table, which
+tests/unit/test_readme_figures.py checks against the result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import command_line, cpu_model  # noqa: E402
+
+from dptrain.data.config import DataConfig, load_split  # noqa: E402
+from dptrain.dist import Runtime  # noqa: E402
+from dptrain.dist.env import SINGLE  # noqa: E402
+from dptrain.learners.build import create_learner, model_defaults  # noqa: E402
+from dptrain.learners.config import LearnerConfig, ModelConfig  # noqa: E402
+from dptrain.learners.forecast import (  # noqa: E402
+    calibrated_test,
+    forecast_metrics,
+    forecast_test,
+    naive_test,
+)
+
+ROWS = [  # dataset, lookback, horizon, forecast_every, time_features
+    ("hourly", 48, 1, 0, "auto"), ("hourly", 24, 1, 0, "auto"),
+    ("hourly", 48, 1, 24, "auto"), ("hourly", 48, 1, 24, ""),
+    ("hourly", 24, 1, 24, "auto"), ("hourly", 24, 1, 24, ""),
+    ("seasonal", 48, 1, 24, "auto"), ("seasonal", 48, 1, 0, "auto"),
+    ("seasonal", 24, 1, 0, "auto"), ("seasonal", 24, 1, 0, ""),
+    ("sine", 48, 1, 0, "auto"), ("sine", 24, 1, 0, "auto"), ("sine", 24, 1, 0, ""),
+    ("sine", 96, 48, 0, "auto"),
+]
+
+
+def run(dataset: str, lookback: int, horizon: int, every: int, features: str, epochs: int,
+        seed: int) -> dict:
+    defaults = model_defaults("tagi-lstm")
+    split = load_split(DataConfig(dataset=dataset, lookback=lookback, horizon=horizon,
+                                  forecast_every=every, time_features=features), seed=seed)
+    config = ModelConfig(model="tagi-lstm", hidden=defaults["hidden"],
+                         heteroscedastic=defaults["heteroscedastic"])
+    learner = create_learner(config, LearnerConfig(sigma_v=defaults["sigma_v"]), split,
+                             seed=seed)
+    learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+    gen, started = torch.Generator().manual_seed(seed), time.perf_counter()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(split.train), generator=gen).split(defaults["batch_size"]):
+            learner.train_step(split.train[idx])
+    series = split.series
+    forecast, scale = calibrated_test(learner.predict_moments, series)
+    metrics = forecast_metrics(forecast, series)
+    raw = forecast_metrics(forecast_test(learner.predict_moments, series), series)
+    naive = forecast_metrics(naive_test(series)[0], series)
+    return {"dataset": dataset, "lookback": lookback, "horizon": horizon,
+            "forecast_every": every, "time_features": features, "test_steps":
+            series.values.shape[1] - series.val_end, "variance_scale": scale,
+            "coverage_2sigma_unscaled": raw["coverage_2sigma"],
+            "coverage": [metrics[f"coverage_{k}sigma"] for k in (1, 2, 3)],
+            "nd": metrics["nd"], "nd_naive": naive["nd"],
+            "train_seconds": round(time.perf_counter() - started, 1)}
+
+
+def table_row(r: dict) -> str:
+    """The row of docs/forecasting.md's calibration table."""
+    protocol = "rolled daily" if r["forecast_every"] else "whole test part"
+    features = "" if r["time_features"] == "auto" else ', `--time-features ""`'
+    scale = r["variance_scale"]
+    return (f"| `{r['dataset']}`, L {r['lookback']}, H {r['horizon']}, {protocol}{features} | "
+            f"{100 * r['coverage_2sigma_unscaled']:.1f} → {100 * r['coverage'][1]:.1f} % | "
+            f"{scale:.2f} | {r['nd']:.3f} | {r['nd_naive']:.3f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results = []
+    for row in ROWS:
+        results.append(run(*row, epochs=args.epochs, seed=args.seed))
+        print(table_row(results[-1]), flush=True)
+    if not args.no_write:
+        record = {"command": command_line(), "cpu": cpu_model(), "python":
+                  platform.python_version(), "torch": torch.__version__, "epochs": args.epochs,
+                  "seed": args.seed, "results": results}
+        out = Path(__file__).resolve().parent / "results" / "forecast_defaults.json"
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
