@@ -20,9 +20,11 @@ def gaussian_scores(y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> dict[st
 
 
 def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """Per library: the mean over seeds of each score, the median of samples/s (timings on a
-    shared machine have outliers; scores do not)."""
-    return {name: {key: (statistics.median if key == "samples_per_s" else statistics.mean)(
+    """Per library: the mean over seeds of each score, the median of samples/s (wall clock,
+    and per CPU second where recorded: timings on a shared machine have outliers; scores do
+    not)."""
+    return {name: {key: (statistics.median if key.endswith("samples_per_s") else
+                         statistics.mean)(
                        [r[key] for r in runs]) for key in runs[0]}
             for name, runs in rows.items()}
 

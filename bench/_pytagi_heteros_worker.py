@@ -33,7 +33,7 @@ def main() -> None:
                      EvenExp())
     net.set_threads(args["threads"])
     updater = OutputUpdater(net.device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for order in orders:
         for i in range(0, len(order) - batch + 1, batch):
             idx = order[i:i + batch]
@@ -44,6 +44,7 @@ def main() -> None:
             net.backward()
             net.step()
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     net.eval()
     mus, variances = [], []
     for i in range(0, len(x_test), batch):  # pytagi sizes buffers by the first batch
@@ -52,7 +53,7 @@ def main() -> None:
         mus.append(np.asarray(mu)[:2 * len(chunk)].reshape(-1, 2))
         variances.append(np.asarray(var)[:2 * len(chunk)].reshape(-1, 2))
     np.savez(args["out"], mu=np.concatenate(mus), var=np.concatenate(variances),
-             seconds=seconds, version=pytagi.__version__.strip())
+             seconds=seconds, cpu_seconds=cpu_seconds, version=pytagi.__version__.strip())
 
 
 if __name__ == "__main__":

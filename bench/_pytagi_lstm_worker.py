@@ -52,7 +52,7 @@ def main() -> None:
                         setattr(layer, name, init[f"{i}.{name}"].astype(np.float32).ravel())
         net.reset_lstm_states()
     sigma_v = sigma_v0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for epoch in range(epochs):
         sigma_v = exponential_scheduler(curr_v=sigma_v, min_v=sigma_min, decaying_factor=decay,
                                         curr_iter=epoch)
@@ -71,13 +71,14 @@ def main() -> None:
             net.step()
         net.reset_lstm_states()
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     mus, variances = [], []
     for i in range(0, len(x_test) - batch + 1, batch):
         mu, var = net(x_test[i:i + batch].reshape(-1))
         mus.append(np.asarray(mu)[:batch])
         variances.append(np.asarray(var)[:batch] + sigma_v**2)
     np.savez(args["out"], mu=np.concatenate(mus), var=np.concatenate(variances),
-             seconds=seconds, version=pytagi.__version__.strip())
+             seconds=seconds, cpu_seconds=cpu_seconds, version=pytagi.__version__.strip())
 
 
 if __name__ == "__main__":

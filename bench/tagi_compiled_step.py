@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/tagi_compiled_step.py --cpp-wrapper   # writes the JSON below
     .venv/bin/python bench/tagi_compiled_step.py --quick         # smoke run, writes nothing
+    .venv/bin/python bench/tagi_compiled_step.py --threads 2 [--no-thread-rule] --output F
+        # eager on 2 threads; compiled with the engine's thread rule (or without: 2 threads)
 
 (bench/results/tagi_compiled_step.json)
 
@@ -9,7 +11,9 @@ Cases: the FNN 784-128-128-11 (HRC) at batch 32, heteroscedastic regression at b
 pytagi's LSTM example network at batch 5, 64 and 256. Two networks from the same seed, one
 stepped by the eager pytagi loop, one by `net.compile(...)`, alternating repeats of the same
 batches (which goes first alternates too), one thread; a figure is the median over repeats,
-with the spread (min-max over repeats) printed beside it, as the machine may be shared.
+with the spread (min-max over repeats) printed beside it, as the machine may be shared, and
+the median CPU time per step of this process (which leaves out the time other work held the
+core).
 With --cpp-wrapper a third network, compiled with inductor's C++ wrapper, joins the
 alternation ("compiled" is then the Python wrapper). Per case: eager and compiled ms per step,
 their ratio, compile time (first compiled step minus an eager one, fresh inductor cache), break-even steps (compile time / time saved per step),
@@ -33,7 +37,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 import torch  # noqa: E402
 
 from dptrain import tagi  # noqa: E402
-from dptrain.tagi.compiled import CompiledStep  # noqa: E402
+from dptrain.tagi.compiled import SINGLE_THREAD_WORK, CompiledStep  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import command_line  # noqa: E402
@@ -77,11 +81,17 @@ def batches(update: str, batch: int, width: int, out: int, count: int = 20) -> l
     return rows
 
 
+#: CPU seconds of the last `run` (this process's: on a shared machine the wall time also
+#: counts the time other work held the core)
+LAST_CPU_SECONDS = [0.0]
+
+
 def run(step, data, first: int, count: int) -> float:
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for k in range(first, first + count):
         x, y, var_y, idx = data[k % len(data)]
         step(x, y, var_y, idx)
+    LAST_CPU_SECONDS[0] = time.process_time() - cpu_start
     return time.perf_counter() - start
 
 
@@ -89,7 +99,8 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> dict:
+def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
+            thread_rule: bool = True) -> dict:
     """Eager vs compiled (and, with `cpp_wrapper`, compiled with inductor's C++ wrapper),
     all stepped in one alternating sequence."""
     build, update, batch, width, out = cases()[name]
@@ -102,7 +113,9 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> d
         if variant == "compiled_cpp" and not cpp_wrapper:
             continue
         tagi.manual_seed(0)
-        steppers[variant] = CompiledStep(build(), update, options=options)
+        steppers[variant] = CompiledStep(build(), update, options=options,
+                                         single_thread_work=SINGLE_THREAD_WORK
+                                         if thread_rule else None)
     data = batches(update, batch, width, out)
     for step in steppers.values():
         run(step, data, 0, 1)  # the first step is eager
@@ -118,18 +131,23 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False) -> d
                         "max_rel_param_diff": float((a - b).abs().max() / a.abs().max()),
                         "fallback": step.fallback_reason}
     times: dict[str, list[float]] = {k: [] for k in steppers}
+    cpu: dict[str, list[float]] = {k: [] for k in steppers}
     position = 2
     for r in range(repeats):
         order = list(steppers) if r % 2 == 0 else list(steppers)[::-1]
         for which in order:
             times[which].append(1e3 * run(steppers[which], data, position, steps) / steps)
+            cpu[which].append(1e3 * LAST_CPU_SECONDS[0] / steps)
         position += steps
     row["eager_ms"] = statistics.median(times["eager"])
     row["eager_ms_range"] = [min(times["eager"]), max(times["eager"])]
+    row["eager_cpu_ms"] = statistics.median(cpu["eager"])
     for variant in row.keys() & {"compiled", "compiled_cpp"}:
         ms = statistics.median(times[variant])
         saved = (row["eager_ms"] - ms) / 1e3
+        cpu_ms = statistics.median(cpu[variant])
         row[variant].update(ms=ms, ms_range=[min(times[variant]), max(times[variant])],
+                            cpu_ms=cpu_ms, cpu_speedup=row["eager_cpu_ms"] / cpu_ms,
                             speedup=row["eager_ms"] / ms,
                             break_even_steps=row[variant]["compile_s"] / saved
                             if saved > 0 else None)
@@ -147,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpp-wrapper", action="store_true",
                    help="also inductor's cpp_wrapper (the program's glue as C++, not Python), "
                         "in the same alternation")
+    p.add_argument("--no-thread-rule", action="store_true",
+                   help="compiled steps on --threads whatever their size (default: a small "
+                        "step's program on one thread, SINGLE_THREAD_WORK)")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
     if args.quick:
@@ -154,20 +175,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.case or list(cases()):
-        rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper))
+        rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper,
+                            not args.no_thread_rule))
         r = rows[-1]
-        print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']}", flush=True)
+        print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']} "
+              f"(CPU {r['eager_cpu_ms']:.3f} ms)", flush=True)
         for variant in ("compiled", "compiled_cpp"):
             if variant in r:
                 v = r[variant]
                 even = "never" if v["break_even_steps"] is None else f"{v['break_even_steps']:.0f}"
-                print(f"  {variant:12} {v['ms']:.3f} ms {v['ms_range']} {v['speedup']:.2f}x, "
+                print(f"  {variant:12} {v['ms']:.3f} ms {v['ms_range']} {v['speedup']:.2f}x "
+                      f"(CPU {v['cpu_ms']:.3f} ms, {v['cpu_speedup']:.2f}x), "
                       f"compile {v['compile_s']:.1f} s, break-even {even} steps, "
                       f"+{v['compile_rss_mib']:.0f} MiB, diff {v['max_rel_param_diff']:.1e}",
                       flush=True)
     if not args.quick:
         write_json(args.output, {"command": command_line(), "rows": rows, "repeats": args.repeats,
                                  "steps": args.steps, "threads": args.threads,
+                                 "thread_rule": not args.no_thread_rule,
                                  "cpp_wrapper": args.cpp_wrapper,
                                  "hardware": hardware(), "git": git_describe(),
                                  "torch": torch.__version__})

@@ -4,6 +4,8 @@
     .venv/bin/python bench/tagi_vs_pytagi.py --network cnn    # pytagi's MNIST CNN
     .venv/bin/python bench/tagi_vs_pytagi.py --network resnet18   # pytagi's CIFAR-10 ResNet18
     .venv/bin/python bench/tagi_vs_pytagi.py --quick          # smoke run, writes nothing
+    .venv/bin/python bench/tagi_vs_pytagi.py --batch-sizes 32 --compile \
+        --output bench/results/tagi_vs_pytagi_b32_compiled.json   # ours as one compiled step
 
 Networks (--network), both with the HRC head (10 classes, 11 outputs, 4 observations per
 sample, index-based output update, sigma_v 0.05), on a fixed synthetic MNIST-shaped data set
@@ -165,7 +167,8 @@ class OursBench:
     """dptrain.tagi in this process; one network per batch size, like the pytagi worker."""
 
     def __init__(self, data: dict[str, np.ndarray], batch_sizes: list[int], threads: int,
-                 sigma_v: float, seed: int, network: str = "fnn") -> None:
+                 sigma_v: float, seed: int, network: str = "fnn", compile: bool = False
+                 ) -> None:
         torch.set_num_threads(threads)
         tagi.manual_seed(seed)
         self.x_train = as_network_input(data["x_train"], network)  # (N, 784) or (N, 1, 28, 28)
@@ -178,6 +181,9 @@ class OursBench:
         for batch_size in batch_sizes:
             net = tagi_network(network, self.hrc.num_outputs)
             self.nets[batch_size] = (net, tagi.OutputUpdater(net.device))
+        # --compile: each network's step as one compiled program (compiled in the warm-up)
+        self.steps = {b: net.compile("indices") for b, (net, _) in self.nets.items()
+                      } if compile else {}
         self.cursor = dict.fromkeys(batch_sizes, 0)
 
     def train(self, batch_size: int, num_steps: int) -> float:
@@ -188,6 +194,10 @@ class OursBench:
             i = self.cursor[batch_size]
             self.cursor[batch_size] = (i + batch_size) % n
             s = slice(i, i + batch_size)
+            if self.steps:
+                self.steps[batch_size](self.x_train[s], self.y_obs[s], self.var_obs,
+                                       self.y_idx[s])
+                continue
             net(self.x_train[s])
             updater.update_using_indices(net.output_z_buffer, self.y_obs[s], self.var_obs,
                                          self.y_idx[s], net.input_delta_z_buffer)
@@ -567,6 +577,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="untimed steps per runner first (default 8, 1 for resnet18)")
     p.add_argument("--threads", type=int, default=2, help="threads for each library")
     p.add_argument("--sigma-v", type=float, default=0.05, help="observation noise std")
+    p.add_argument("--compile", action="store_true",
+                   help="train ours with net.compile() (compiled in the untimed warm-up)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 3 repeats of fewer samples; writes no JSON unless --output")
@@ -605,7 +617,7 @@ def run(args: argparse.Namespace, data: dict[str, np.ndarray]) -> tuple[dict, di
                                       threads=args.threads, sigma_v=args.sigma_v,
                                       network=args.network)
         ours = OursBench(data, args.batch_sizes, args.threads, args.sigma_v, args.seed,
-                         args.network)
+                         args.network, args.compile)
         runners: dict[str, Runner] = {"ours": ours, "pytagi": worker}
         if args.network == "cnn":
             runners["torch"] = TorchSGDBench(data, args.batch_sizes, args.threads, args.seed)

@@ -93,6 +93,9 @@ FAMILIES = {
         tagi.ReLU(), tagi.Linear(144, 2)), (3, 2, 6, 6), 2, "plain", None),
     "lstm": (lambda: tagi.Sequential(tagi.LSTM(1, 4, 3), tagi.LSTM(4, 4, 3),
                                      tagi.Linear(12, 1)), (5, 3), 1, "plain", None),
+    # batch 1, seq_len 1: the states carried from step to step (kept by drop_forward)
+    "lstm carried": (lambda: tagi.Sequential(tagi.LSTM(1, 4, 1), tagi.Linear(4, 1)),
+                     (1, 1), 1, "plain", None),
     "slstm": (lambda: tagi.Sequential(tagi.SLSTM(1, 4, 1), tagi.SLinear(4, 1)),
               (3, 1), 1, "plain", None),
     "evenexp heteros": (lambda: tagi.Sequential(tagi.Linear(1, 8), tagi.ReLU(),
@@ -122,6 +125,46 @@ def test_sigma_v_and_cap_are_inputs_not_constants():
     step(x, y, 0.3)  # a short last batch
     assert len(counts) == 1 and step.eager_steps == 2
     _assert_same(eager, net)
+
+
+def test_program_is_called_directly_while_the_network_state_stays():
+    """After a traced step that leaves the network's Python state as it found it, the program
+    runs without dynamo; a change of that state (reset_lstm_states) goes through dynamo: the
+    step after the reset (its own traced variant, which stores new carried states), then one
+    that leaves the state unchanged and re-arms the direct call. The parameters stay the
+    eager loop's throughout."""
+    build, x_shape, out, *_ = FAMILIES["lstm"]
+    eager, net, step = _run(build, x_shape, out, steps=3)  # eager, traced, direct
+    traced = []
+    through_dynamo = step._traced_call
+    step._traced_call = lambda *args: traced.append(1) or through_dynamo(*args)
+    g = torch.Generator().manual_seed(3)
+    for k in range(4):
+        if k == 2:
+            eager.reset_lstm_states(), net.reset_lstm_states()
+        x, y = torch.randn(*x_shape, generator=g, dtype=F64), torch.randn(5, 1, generator=g,
+                                                                          dtype=F64)
+        _eager_step(eager, x, y, 0.2, "plain")
+        step(x, y, 0.2)
+    assert step._direct is not None and len(traced) == 2 and step.compiled_steps == 6
+    _assert_same(eager, net)
+
+
+def test_small_step_program_is_made_and_run_on_one_thread():
+    threads_seen = []
+
+    def backend(gm, inputs):  # records the thread count the program is generated under
+        threads_seen.append(torch.get_num_threads())
+        return gm.forward
+    build, x_shape, out, *_ = FAMILIES["lstm"]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _, _, step = _run(build, x_shape, out, backend=backend, steps=3)
+        assert threads_seen == [1] and step._single_thread
+        assert torch.get_num_threads() == 2  # the caller's count, back after each step
+    finally:
+        torch.set_num_threads(saved)
 
 
 EAGER_ONLY = {  # the id check reads values on the host; running statistics stay eager

@@ -357,3 +357,23 @@ def test_all_reduce_batchnorm_alone_is_batchnorm():
     assert _max_diff(converted.state_dict(), reference.state_dict()) == 0.0
     with pytest.raises(ValueError, match="at least|expects input"):
         AllReduceBatchNorm(3)(torch.zeros(3))
+
+
+# -- compile ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_compile_trains_like_eager(runtime):
+    """`compile=True` (`--compile` for torch models): the training forward and backward through
+    torch.compile (inductor) give the eager learner's parameters, BatchNorm statistics and
+    metrics, to float32 rounding of fused code; the state keeps the module's own keys."""
+    learners = [_ready(runtime, _classifier(), nn.CrossEntropyLoss(), compile=compile)
+                for compile in (False, True)]
+    for step in range(3):
+        want, got = (learner.train_step(_labels(16, seed=step)) for learner in learners)
+        assert want.keys() == got.keys()
+        for key in want:
+            assert got[key][0] == pytest.approx(want[key][0], rel=1e-5, abs=1e-6), key
+    eager, compiled = (learner.model_state_dict() for learner in learners)
+    assert eager.keys() == compiled.keys()
+    assert _max_diff(eager, compiled) < 1e-5
+    assert learners[1]._compile_checked and learners[1]._train_forward is not learners[1]._wrapped

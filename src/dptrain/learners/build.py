@@ -202,7 +202,8 @@ def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
                         accumulation_steps=config.accumulation_steps,
                         sync_batchnorm=has_batchnorm(model),
                         max_grad_norm=config.clip_grad_norm or None, lr_schedule=schedule,
-                        ema_decay=config.ema, ema_every=config.ema_every)
+                        ema_decay=config.ema, ema_every=config.ema_every,
+                        compile=config.compile)
 
 
 def steps_per_epoch(num_train: int, batch_size: int) -> int:

@@ -120,7 +120,8 @@ class LearnerConfig:
     Calibration)."""
     compile: bool = field(default=False, metadata=resumable())
     """TAGI: run each training step as one compiled program (the same parameters as eager;
-    docs/tagi.md, Compiled step); what cannot be captured steps eagerly, saying why."""
+    docs/tagi.md, Compiled step); torch models: the training forward and backward through
+    torch.compile. What cannot be captured or compiled trains eagerly, saying why."""
     lr: float = 3e-3
     """Torch models: the peak learning rate, for a global batch of lr-batch when lr-scaling
     is linear or sqrt (the rate used is then printed at start and kept in the run's record)."""

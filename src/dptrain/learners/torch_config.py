@@ -56,6 +56,10 @@ class TorchLearnerConfig:
     it is evaluated beside the live model (metrics `ema_*`) and checkpointed with it."""
     ema_every: int = 1
     """Update the average after every this many optimizer steps."""
+    compile: bool = False
+    """Run the training forward through `torch.compile` of the wrapped module (DDP's or
+    FSDP's; backward through its compiled graph too). The same math, up to the order of float
+    sums; evaluation stays eager. A model it cannot compile trains eagerly after one log line."""
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)

@@ -26,6 +26,7 @@ import copy
 import functools
 import gc
 import inspect
+import logging
 import math
 import os
 import time
@@ -72,6 +73,8 @@ from dptrain.learners.torch_config import (
     resolve_task,
 )
 from dptrain.learners.schedule import LrSchedule
+
+logger = logging.getLogger(__name__)
 
 _GLOBAL_BATCHNORMS = (nn.SyncBatchNorm, AllReduceBatchNorm)
 # torch 2.13 renamed DDP's broadcast_buffers to forward_sync_buffers (the old name warns).
@@ -121,7 +124,7 @@ class TorchLearner:
                  sync_batchnorm: bool = False, accumulation_steps: int = 1,
                  precision: Precision = "32", max_grad_norm: float | None = None,
                  task: Task = "auto", lr_schedule: LrSchedule | None = None,
-                 ema_decay: float = 0.0, ema_every: int = 1) -> None:
+                 ema_decay: float = 0.0, ema_every: int = 1, compile: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn) or not callable(optimizer_factory):
@@ -129,7 +132,11 @@ class TorchLearner:
         self.config = TorchLearnerConfig(
             strategy=strategy, sync_batchnorm=sync_batchnorm, precision=precision,
             accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, task=task,
-            lr_schedule=lr_schedule, ema_decay=ema_decay, ema_every=ema_every)
+            lr_schedule=lr_schedule, ema_decay=ema_decay, ema_every=ema_every,
+            compile=compile)
+        #: what train_step calls for the forward: the wrapped module, or its torch.compile
+        self._train_forward: Callable[[torch.Tensor], Any] | None = None
+        self._compile_checked = False  # the compiled forward has run once
         if lr_schedule is not None and scheduler_factory is not None:
             raise ConfigError("TorchLearner: give lr_schedule or scheduler_factory, not both "
                               "(each would set the learning rate)")
@@ -205,6 +212,8 @@ class TorchLearner:
         self._wrapped = self._fsdp_wrap(module) if self.is_sharded else self._ddp_wrap(module)
         if self._wrapped is not module:  # a DDP wrapper: see _drop_wrapper
             release_before_shutdown(functools.partial(_drop_wrapper, weakref.ref(self)))
+        self._train_forward = torch.compile(self._wrapped) if self.config.compile \
+            else self._wrapped
         if self._distributed and not self.is_sharded:
             # DDP all-reduces the gradients inside backward and waits for them at its end: the
             # time from this rank's last gradient to backward's return is time spent on the
@@ -309,7 +318,7 @@ class TorchLearner:
         for i, (xi, yi) in enumerate(parts):
             with self._gradient_sync(is_last=i == k - 1):
                 with self._autocast():
-                    out = wrapped(xi)
+                    out = self._forward_for_training(xi)
                     loss = self._loss(out, yi)
                 share = xi.shape[0] / n
                 self._backward(loss if k == 1 else loss * share)
@@ -324,6 +333,25 @@ class TorchLearner:
         if grad_norm is not None:
             metrics["grad_norm"] = (grad_norm, 1.0)
         return metrics
+
+    def _forward_for_training(self, x: torch.Tensor) -> Any:
+        """The wrapped module's forward, through torch.compile with `compile`; the first call
+        that the compiler refuses switches to the eager forward, after one log line."""
+        forward = self._train_forward
+        assert forward is not None and self._wrapped is not None
+        if self._compile_checked or forward is self._wrapped:
+            return forward(x)
+        try:
+            out = forward(x)
+        except Exception as err:  # noqa: BLE001 - whatever the tracer or compiler refuses
+            first = next((line.strip() for line in str(err).splitlines() if line.strip()),
+                         type(err).__name__)
+            logger.warning("compile: %s cannot be compiled (%s: %s); training eagerly",
+                           type(self._module).__name__, type(err).__name__, first)
+            self._train_forward = self._wrapped
+            return self._wrapped(x)
+        self._compile_checked = True
+        return out
 
     def _check_finite(self, loss_sum: float) -> None:
         """Raise on every rank when any rank's loss is not finite.

@@ -208,6 +208,14 @@ class Layer:
     def clear_cache(self) -> None:
         """Drop what the last training forward stored for backward (after a device change)."""
 
+    def drop_forward(self) -> None:
+        """Drop what the last training forward stored for backward, this layer's own (a
+        container's children are called on their own), keeping what carries over to the next
+        step. A compiled step calls it on every layer once its backward has run, so those
+        tensors live inside the program instead of each coming out of it per step."""
+        if not self.named_children():
+            self.clear_cache()
+
     def input_sample_shape(self) -> tuple[int, ...] | None:
         """The shape of one input sample when this layer knows it and it is not flat, e.g.
         (C, H, W) of a Conv2d given in_width/in_height; a network starting with such a layer

@@ -87,6 +87,9 @@ class ResNetBlock(Layer):
     def clear_cache(self) -> None:
         for _, child in self.named_children():
             child.clear_cache()
+        self.drop_forward()
+
+    def drop_forward(self) -> None:
         self._jcb_main: torch.Tensor | None = None  # J of the main branch's output
         self._jcb_short: torch.Tensor | None = None  # J of the shortcut's output (or input)
         self._trained = False

@@ -15,6 +15,7 @@ saying why. The first step is eager too: it fixes the output shape the update ch
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from collections.abc import Callable
@@ -35,6 +36,17 @@ log = logging.getLogger(__name__)
 #: instead of Python (faster on 4 of the 5 cases of bench/tagi_compiled_step.py).
 DEFAULT_OPTIONS = {"cpp_wrapper": True}
 
+#: A matrix product of at most this many multiply-adds is generated as loops inside the
+#: program (fused with its neighbours) instead of a call to the BLAS library: at pytagi's
+#: small batches the call's overhead is most of such a product's time.
+FUSED_MATMUL_MACS = 32768
+
+#: A program whose step is at most this much work (parameters × batch size, ~ the
+#: multiply-adds of one product) runs on one thread, whatever torch's thread count: its
+#: kernels take microseconds, and on 2 shared cores a second thread's fork and join per
+#: parallel loop cost more than it takes off (bench/tagi_compiled_step.py, --threads 2).
+SINGLE_THREAD_WORK = 1_000_000
+
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
 #: .update_heteros.
 UPDATES = ("plain", "indices", "heteros")
@@ -50,24 +62,34 @@ class CompiledStep:
     wrapper itself, for data parallel). `backend`: torch.compile's (tests use "aot_eager",
     which traces the same graph without generating code). `mode`: torch.compile's, e.g.
     "reduce-overhead" to replay the program as a CUDA graph on a GPU. `options`: inductor's
-    (default `DEFAULT_OPTIONS` with inductor and no `mode`).
+    (default `DEFAULT_OPTIONS` with inductor and no `mode`). `fused_matmul_macs`: with
+    inductor, no `mode` and on the CPU, matrix products up to this many multiply-adds are
+    generated as loops fused into the program (0: every product calls the BLAS library).
+    `single_thread_work`: on the CPU, a program whose parameters × batch size is at most this
+    is generated for, and run on, one thread (None: torch's thread count, always).
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
 
     def __init__(self, net: Any, update: str = "plain", *, backend: str = "inductor",
                  mode: str | None = None, options: dict[str, Any] | None = None,
-                 reduce: Callable[[], int] | None = None, eager: Any = None) -> None:
+                 reduce: Callable[[], int] | None = None, eager: Any = None,
+                 fused_matmul_macs: int = FUSED_MATMUL_MACS,
+                 single_thread_work: int | None = SINGLE_THREAD_WORK) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
         self.net, self.update, self.backend, self.mode = net, update, backend, mode
         if options is None and backend == "inductor" and mode is None:
             options = dict(DEFAULT_OPTIONS)
-        self.options = options
+        self.options, self.fused_matmul_macs = options, fused_matmul_macs
+        self.single_thread_work = single_thread_work
+        self._single_thread = False
         self._reduce, self._eager = reduce, eager if eager is not None else net
         self.updater = OutputUpdater(net.device)
         self._program: Callable | None = None
+        self._capture: _Capture | None = None  # the backend's program, as dynamo calls it
+        self._direct: _DirectCall | None = None  # that program, called without dynamo
         self._shapes: tuple | None = None  # the input shapes the program was traced for
         self._out_shape: torch.Size | None = None
         #: why the network is stepped eagerly (None while it compiles)
@@ -75,7 +97,8 @@ class CompiledStep:
         self.compiled_steps = self.eager_steps = 0
         self._scalars: dict[tuple, torch.Tensor] = {}  # (value, dtype, device): tensor
         self._caps: dict[tuple, torch.Tensor] = {}
-        self._cached = [layer for layer in net.descendants() if hasattr(layer, "_weight_cache")]
+        self._layers = list(net.descendants())
+        self._cached = [layer for layer in self._layers if hasattr(layer, "_weight_cache")]
         stateful = [path for path, _ in net.named_stateful()]
         if stateful:  # traced, the running counters' in-place updates came out wrong
             self._give_up(f"running statistics of layer {', '.join(stateful)} are kept eager")
@@ -99,8 +122,9 @@ class CompiledStep:
         shapes = (mu_x.shape, y.shape, None if idx is None else idx.shape, noise.shape)
         if self._shapes is not None and shapes != self._shapes:
             return self._eager_step(mu_x, y, var_y, selected_idx)
+        inputs = (mu_x, y, noise, idx, self._cap(mu_x.shape[0]))
         try:
-            mu, var = self._compiled(shapes)(mu_x, y, noise, idx, self._cap(mu_x.shape[0]))
+            mu, var = self._run(shapes, inputs)
         except Exception as err:  # noqa: BLE001 - anything the tracer or compiler refuses
             if self.compiled_steps:  # it ran before: a real error of this step, not capture
                 raise
@@ -117,6 +141,14 @@ class CompiledStep:
         return mu, var
 
     step = __call__
+
+    def _small(self, batch: int) -> bool:
+        """Whether the program (compiled at this batch) runs on one thread: fixed when it is
+        compiled, as inductor generates its loops for the thread count of that moment."""
+        self._single_thread = (self.single_thread_work is not None and
+                               self.net.device.type == "cpu" and
+                               self.net.flat_params.shape[-1] * batch <= self.single_thread_work)
+        return self._single_thread
 
     def _cap(self, batch: int) -> torch.Tensor | None:
         """(−1/c, 1/c) of the cap, a cached tensor: an input of the program, not a constant
@@ -159,6 +191,41 @@ class CompiledStep:
             noise = self._input_scalar(noise)
         return _shaped_like(y, shape, like, "mu_obs"), noise, idx
 
+    def _run(self, shapes: tuple, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """The program (the direct call where armed), on one thread if the step is small."""
+        small = self._single_thread if self._program is not None else \
+            self._small(shapes[0][0])
+        threads = torch.get_num_threads()
+        single = small and threads > 1
+        if single:  # the program is generated, and runs, for one thread
+            torch.set_num_threads(1)
+        try:
+            direct = self._direct
+            if direct is not None and direct.ready(inputs):
+                return direct(inputs)
+            return self._traced_call(shapes, inputs)
+        finally:
+            if single:
+                torch.set_num_threads(threads)
+
+    def _traced_call(self, shapes: tuple, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step through torch.compile (its guards, its side effects); where the step
+        leaves the network's Python state as it found it, the graph's program is then called
+        directly for as long as that state stays the same (`_DirectCall`)."""
+        program = self._compiled(shapes)
+        capture = self._capture
+        if capture is None:
+            return program(*inputs)
+        objects = _state_objects(self.net)
+        before = _fingerprint(objects)
+        capture.args = None
+        mu, var = program(*inputs)
+        self._direct = None
+        if capture.args is not None and capture.outputs == 2 and \
+                _fingerprint(objects) == before:
+            self._direct = _DirectCall.arm(capture, inputs, objects, before)
+        return mu, var
+
     def _compiled(self, shapes: tuple) -> Callable:
         if self._program is None:
             self.net._check_bindings()  # what eager checks after its first backward
@@ -167,9 +234,20 @@ class CompiledStep:
             traced = CompiledStep._traced
             own = types.FunctionType(traced.__code__.replace(), traced.__globals__,
                                      traced.__name__)
+            backend, options = self.backend, self.options
+            if self.mode is None:  # (a mode's own wrapper, e.g. CUDA graphs, stays whole)
+                if backend == "inductor" and self.fused_matmul_macs and \
+                        self.net.device.type == "cpu":  # (measured on the CPU only)
+                    backend = _inductor_with_fused_matmuls(options, self.fused_matmul_macs)
+                elif isinstance(backend, str):
+                    backend = torch._dynamo.lookup_backend(backend)
+                    if options:
+                        backend = functools.partial(backend, config_patches=options)
+                self._capture = backend = _Capture(backend)
+                options = None
             self._program = torch.compile(types.MethodType(own, self), fullgraph=True,
-                                          dynamic=False, backend=self.backend,
-                                          mode=self.mode, options=self.options)
+                                          dynamic=False, backend=backend,
+                                          mode=self.mode, options=options)
             self._shapes = shapes
         return self._program
 
@@ -187,6 +265,8 @@ class CompiledStep:
             net._owned_pack().scale_deltas()
             if signed_inverse is not None:
                 _capped_update_(net.flat_params, net.flat_deltas, signed_inverse)
+            for layer in self._layers:  # what the forward stored stays inside the program
+                layer.drop_forward()
         return mu, var
 
     # ------------------------------------------------------------------ eager and bookkeeping
@@ -230,6 +310,108 @@ class CompiledStep:
                     type(self.net).__name__, self.fallback_reason)
 
 
+class _Capture:
+    """A torch.compile backend wrapping another: keeps the program it compiled and the
+    arguments dynamo passed it on the call made while `args` is None (dynamo may hold
+    several of its programs, one per guarded variant of the step)."""
+
+    def __init__(self, compile_graph: Callable) -> None:
+        self.compile_graph = compile_graph
+        self.program: Callable | None = None
+        self.outputs = -1  # how many tensors that program returns
+        self.args: list | None = None
+
+    def __call__(self, graph: torch.fx.GraphModule, inputs: list) -> Callable:
+        outputs = len(graph.graph.output_node().args[0])
+        program = self.compile_graph(graph, inputs)
+
+        def recorded(*args: Any) -> Any:
+            if self.args is None:
+                self.args, self.program, self.outputs = list(args), program, outputs
+            return program(*args)
+        return recorded
+
+
+class _DirectCall:
+    """The compiled graph's program called with the arguments dynamo passed it, the step's own
+    tensors swapped in: no guards, no side effects replayed (~0.2 ms a step at pytagi's
+    batches). Armed only after a call through dynamo that returned nothing but (mu, var) and
+    left the Python state of the network, its parameter pack and every layer as it found it
+    (`_fingerprint`): the step's effects are then the program's in-place writes alone. Used
+    while that state and the step's input shapes and strides stay the same."""
+
+    def __init__(self, program: Callable, args: list, slots: list[tuple[int, int]],
+                 layout: list, objects: list, fingerprint: list) -> None:
+        self.program, self.args, self.slots, self.layout = program, args, slots, layout
+        self.objects, self.fingerprint = objects, fingerprint
+
+    @classmethod
+    def arm(cls, capture: _Capture, inputs: tuple, objects: list, fingerprint: list
+            ) -> _DirectCall | None:
+        args = capture.args
+        assert args is not None and capture.program is not None
+        slots = []  # (which input, which argument)
+        for i, tensor in enumerate(inputs):
+            found = [k for k, arg in enumerate(args) if tensor is not None and arg is tensor]
+            if len(found) > 1:  # not an argument of its own: leave it to dynamo
+                return None
+            slots.extend((i, k) for k in found)  # none: the graph does not read it
+        armed = cls(capture.program, list(args), slots, _layout(inputs), objects, fingerprint)
+        # the values the fingerprint names, kept alive so that no new object takes one's id
+        armed.pinned = [_values(obj) for obj in objects]
+        return armed
+
+    def ready(self, inputs: tuple) -> bool:
+        return _layout(inputs) == self.layout and \
+            _fingerprint(self.objects) == self.fingerprint
+
+    def __call__(self, inputs: tuple) -> Any:
+        args = self.args
+        for i, k in self.slots:
+            args[k] = inputs[i]
+        return self.program(*args)
+
+
+def _layout(inputs: tuple) -> list:
+    return [None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in inputs]
+
+
+def _state_objects(net: Any) -> list:
+    """The objects whose attributes a traced step reads: the network, its parameter pack
+    (and the pack's own dptrain objects), every layer."""
+    objects = [net, *net.descendants()]
+    pack = getattr(net, "_pack", None)
+    if pack is not None:
+        objects.append(pack)
+        objects.extend(value for value in vars(pack).values()
+                       if type(value).__module__.startswith("dptrain"))
+    return objects
+
+
+#: the network's attributes a compiled step sets outside its program, every step
+#: (`CompiledStep._record`)
+_WRITTEN_OUTSIDE = frozenset({"output_z_buffer", "last_batch_size", "_last_forward_trained"})
+
+
+def _fingerprint(objects: list) -> list:
+    """The Python state of `objects` (the network first): the identity of every attribute's
+    value. An equal value rebuilt (a new int, a new tuple) reads as a change: the step then
+    goes through dynamo once more, which re-arms the direct call."""
+    net, *others = objects
+    out = [id(value) for key, value in vars(net).items() if key not in _WRITTEN_OUTSIDE]
+    for obj in others:
+        out.extend(map(id, _values(obj)))
+    return out
+
+
+def _values(obj: Any) -> list:
+    """The values of `obj`'s attributes (of its slots, for a slotted object)."""
+    attrs = getattr(obj, "__dict__", None)
+    if attrs is None:
+        return [getattr(obj, key, None) for key in type(obj).__slots__]
+    return list(attrs.values())
+
+
 def _update(kind: str, mu: torch.Tensor, var: torch.Tensor, jcb: torch.Tensor | None,
             y: torch.Tensor, noise: torch.Tensor, idx: torch.Tensor | None) -> DeltaStates:
     """OutputUpdater's three updates without their checks (made before the program)."""
@@ -258,3 +440,53 @@ def _capped_update_(params: torch.Tensor, deltas: torch.Tensor,
     bounds = torch.sqrt(params[1]) * signed_inverse  # (2, P): −bar, +bar
     params.add_(torch.clamp(deltas, min=bounds[0], max=bounds[1]))
     F.threshold_(params[1], 0.0, VAR_FLOOR)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b, batched or not, as a broadcast product summed over the shared axis: loops that
+    inductor fuses with the operations around them."""
+    return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2)
+
+
+def _small(a: torch.Tensor, b: torch.Tensor, limit: int) -> bool:
+    return a.numel() * b.shape[-1] <= limit
+
+
+def _fused_matmuls(limit: int) -> dict:
+    """Decompositions of aten's matrix products of at most `limit` multiply-adds (larger ones
+    stay calls to the BLAS library)."""
+    aten = torch.ops.aten
+
+    def mm(a: torch.Tensor, b: torch.Tensor) -> Any:
+        return _product(a, b) if _small(a, b, limit) else NotImplemented
+
+    def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1,
+              alpha: Any = 1) -> Any:
+        if not _small(a, b, limit):
+            return NotImplemented
+        out = _product(a, b)
+        return (out if alpha == 1 else alpha * out) + (c if beta == 1 else beta * c)
+
+    def bmm(a: torch.Tensor, b: torch.Tensor) -> Any:
+        return _product(a, b) if _small(a, b, limit) else NotImplemented
+
+    def baddbmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1,
+                alpha: Any = 1) -> Any:
+        return addmm(c, a, b, beta=beta, alpha=alpha)
+
+    return {aten.mm.default: mm, aten.addmm.default: addmm, aten.bmm.default: bmm,
+            aten.baddbmm.default: baddbmm}
+
+
+def _inductor_with_fused_matmuls(options: dict[str, Any] | None, limit: int) -> Callable:
+    """torch.compile's inductor backend, with the small matrix products as loops."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
+
+    def backend(graph: torch.fx.GraphModule, inputs: list) -> Callable:
+        table = {**select_decomp_table(), **_fused_matmuls(limit)}
+        # the autograd cache's key leaves the decompositions out: it would hand back a program
+        # traced with another table (inductor's own cache is keyed on the traced graph)
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(graph, inputs, config_patches=options, decompositions=table)
+    return backend

@@ -98,6 +98,11 @@ class LSTM(ParamLayer):
     # ------------------------------------------------------------------ stored states
     def clear_cache(self) -> None:
         """Drop what the last forward stored and the carried states."""
+        self.drop_forward()
+        self.reset_lstm_states()
+
+    def drop_forward(self) -> None:
+        """Drop what the last forward stored; the carried states stay."""
         self.mu_ha = self.var_ha = self.mu_ga = self.var_ga = self.jcb_ga = None
         self.cov_i_c = self.cov_o_tanh_c = None
         self.mu_c = self.var_c = self.mu_ca = self.var_ca = self.jcb_ca = None
@@ -109,7 +114,6 @@ class LSTM(ParamLayer):
         self._in_shape: tuple[int, ...] = ()
         self._trained = False
         self._weight_cache: dict[str, object] | None = None
-        self.reset_lstm_states()
 
     def reset_lstm_states(self) -> None:
         """Zero the carried hidden and cell states (pytagi's `reset_lstm_states`)."""
