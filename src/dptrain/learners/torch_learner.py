@@ -724,7 +724,9 @@ def _drop_wrapper(learner_ref: weakref.ref) -> None:
     dist.group._let_collective_threads_finish."""
     learner = learner_ref()
     if learner is not None:
-        learner._wrapped, learner._released = None, True
+        # the training forward is the wrapper too, or its compiled twin that holds it
+        learner._wrapped = learner._train_forward = None
+        learner._released = True
         gc.collect()
 
 
