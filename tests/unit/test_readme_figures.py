@@ -346,6 +346,15 @@ def test_readme_headline_table_is_its_json():
              f"{_rate(r['ours_samples_per_s'])} samples/s",
              f"pytagi 0.2.1: {_rate(r['pytagi_samples_per_s'])} samples/s",
              f"{r['ratio']:.1f}x", page=README)
+    for name, label in (("tagi_lstm_vs_pytagi_compiled.json",
+                         "TAGI LSTM example, compiled step, batch 5"),
+                        ("tagi_heteros_vs_pytagi_compiled.json",
+                         "TAGI heteroscedastic MLP, compiled step, batch 10")):
+        result = _load(name)
+        ours, theirs = (result["summary"][k]["samples_per_s"] for k in ("dptrain", "pytagi"))
+        _row(f"| {label} |", f"{_rate(ours)} samples/s",
+             f"pytagi 0.2.1: {_rate(theirs)} samples/s", f"{result['speed_ratio']:.1f}x",
+             page=README)
     summary = _load("pytagi_digits_reference.json")["networks"]["fnn"]["summary"]
     _row("| digits test error, mean of seeds 0-2 |",
          f"{summary['dptrain']['mean_test_error_percent']:.2f} %",
