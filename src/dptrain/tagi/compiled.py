@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dptrain.tagi import native as native_module
 from dptrain.tagi._inputs import as_input
 from dptrain.tagi.base import VAR_FLOOR, _signed_inverse, cap_factor
 from dptrain.tagi.output_updater import (OutputUpdater, _agvi_innovations, _indices,
@@ -47,6 +48,11 @@ FUSED_MATMUL_MACS = 32768
 #: parallel loop cost more than it takes off (bench/tagi_compiled_step.py, --threads 2).
 SINGLE_THREAD_WORK = 1_000_000
 
+#: With `native=None`, a network the native step does (LSTM and Linear stacks, plain update,
+#: CPU) takes it when its parameters × batch size is at most this; larger ones take inductor's
+#: program, whose products are BLAS calls (bench/tagi_compiled_step.py, the native rows).
+NATIVE_WORK = 100_000
+
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
 #: .update_heteros.
 UPDATES = ("plain", "indices", "heteros")
@@ -67,6 +73,10 @@ class CompiledStep:
     generated as loops fused into the program (0: every product calls the BLAS library).
     `single_thread_work`: on the CPU, a program whose parameters × batch size is at most this
     is generated for, and run on, one thread (None: torch's thread count, always).
+    `native`: step a stack of LSTM and Linear layers with the native library (native.py)
+    instead of a traced program: None where it applies and `NATIVE_WORK` says it wins (with
+    inductor, no `mode`, the plain update, on the CPU), True wherever it applies (a network it
+    does not do then steps eagerly, after one log line), False never.
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
@@ -75,7 +85,8 @@ class CompiledStep:
                  mode: str | None = None, options: dict[str, Any] | None = None,
                  reduce: Callable[[], int] | None = None, eager: Any = None,
                  fused_matmul_macs: int = FUSED_MATMUL_MACS,
-                 single_thread_work: int | None = SINGLE_THREAD_WORK) -> None:
+                 single_thread_work: int | None = SINGLE_THREAD_WORK,
+                 native: bool | None = None) -> None:
         if update not in UPDATES:
             raise ValueError(f"compile: update must be one of {', '.join(UPDATES)}, "
                              f"got {update!r}")
@@ -97,6 +108,10 @@ class CompiledStep:
         self.compiled_steps = self.eager_steps = 0
         self._scalars: dict[tuple, torch.Tensor] = {}  # (value, dtype, device): tensor
         self._caps: dict[tuple, torch.Tensor] = {}
+        self.native = native
+        self._natives: dict[int, native_module.NativeStep] = {}  # per batch size
+        self._native_off = native is False or (native is None and (
+            update != "plain" or backend != "inductor" or mode is not None))
         self._layers = list(net.descendants())
         self._cached = [layer for layer in self._layers if hasattr(layer, "_weight_cache")]
         stateful = [path for path, _ in net.named_stateful()]
@@ -119,6 +134,11 @@ class CompiledStep:
                 mu_x.shape[0] != self._out_shape[0]:
             return self._eager_step(mu_x, y, var_y, selected_idx)
         y, noise, idx = self._checked_targets(y, var_y, selected_idx)
+        native = self._native_step(mu_x.shape[0])
+        if native is not None:
+            return self._native_call(native, mu_x, y, noise, var_y)
+        if self.fallback_reason is not None:  # native=True, and the network is not native
+            return self._eager_step(mu_x, y, var_y, selected_idx)
         shapes = (mu_x.shape, y.shape, None if idx is None else idx.shape, noise.shape)
         if self._shapes is not None and shapes != self._shapes:
             return self._eager_step(mu_x, y, var_y, selected_idx)
@@ -141,6 +161,50 @@ class CompiledStep:
         return mu, var
 
     step = __call__
+
+    def _native_step(self, batch: int) -> native_module.NativeStep | None:
+        """The native step for this batch size, made at its first use; None where the traced
+        program (or, with `native=True`, the eager loop) steps instead."""
+        if self._native_off:
+            return None
+        found = self._natives.get(batch)
+        if found is not None and found.current():
+            return found
+        if self.native is None and \
+                self.net.flat_params.shape[-1] * batch > NATIVE_WORK:
+            return None
+        try:
+            found = self._natives[batch] = native_module.NativeStep(self.net, batch,
+                                                                    self._out_shape)
+        except native_module.NotNative as why:
+            if self.native:
+                self._give_up(str(why))
+            else:
+                log.info("compile: %s; using inductor's program", why)
+            self._native_off = True
+            return None
+        return found
+
+    def _native_call(self, native: native_module.NativeStep, mu_x: torch.Tensor,
+                     y: torch.Tensor, noise: torch.Tensor, var_y: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        net, batch = self.net, mu_x.shape[0]
+        factor = None
+        if self._reduce is None:
+            factor = cap_factor(net.cap_batch_size if net.cap_batch_size is not None else batch)
+        out = native(mu_x, y, noise, factor)
+        if out is None:  # LSTM states set by the user: the eager loop's
+            return self._eager_step(mu_x, y, var_y, None)
+        mu, var = out
+        self.compiled_steps += 1
+        self._record(batch, mu, var)
+        if self._reduce is not None:
+            saved, net.cap_batch_size = net.cap_batch_size, self._reduce()
+            try:
+                net.step()
+            finally:
+                net.cap_batch_size = saved
+        return mu, var
 
     def _small(self, batch: int) -> bool:
         """Whether the program (compiled at this batch) runs on one thread: fixed when it is

@@ -1,0 +1,257 @@
+"""The compiled step of LSTM and Linear stacks as a small native library (docs/tagi.md,
+Compiled step).
+
+At pytagi's forecasting batches (an LSTM at batch 5) a whole step is ~70,000 multiply-adds;
+the code inductor generates for it runs them in ~30 µs but spends twice that allocating its
+buffers and passing through its Python wrappers. `native_step.c` does the same math as plain
+loops over buffers allocated once, called through ctypes with pointers fixed per network.
+
+The library is built at first use with the C compiler the machine has (`$CC`, else Python's,
+else `cc`), no torch headers (a second or two), and cached under `$DPTRAIN_NATIVE_CACHE`
+(default `~/.cache/dptrain/native`) by a hash of the source, the compiler, its flags and the
+CPU: ranks and restarts reuse it, and a cache on a filesystem shared by unlike machines keeps
+one build per kind of CPU. Without a compiler, or where the build fails, `library()` says why
+and the compiled step uses inductor's program instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dptrain.tagi.base import VAR_FLOOR
+from dptrain.tagi.linear import Linear
+from dptrain.tagi.lstm import LSTM
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native_step.c")
+#: -march=native where the compiler takes it (the cache key holds the CPU's flags)
+FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-march=native")
+_KINDS = {Linear: 1, LSTM: 2}
+_WORDS, _HEAD = 8, 3  # the plan's words per layer and before the layers (native_step.c)
+_REALS = {torch.float32: (ctypes.c_float, "_f32"), torch.float64: (ctypes.c_double, "_f64")}
+
+_loaded: tuple[ctypes.CDLL | None, str | None] | None = None
+
+
+class NotNative(Exception):
+    """The network, or this step, is not one the native step does; the message says why."""
+
+
+def library() -> ctypes.CDLL:
+    """The built library, loaded once per process; NotNative says why it cannot be."""
+    global _loaded
+    if _loaded is None:
+        try:
+            _loaded = (ctypes.CDLL(str(_build())), None)
+        except (OSError, subprocess.SubprocessError) as err:
+            first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+            _loaded = (None, f"the native step could not be built: {first}")
+    lib, why = _loaded
+    if lib is None:
+        raise NotNative(why)
+    return lib
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split()[:1],
+                 "cc", "gcc"):
+        name = name[0] if isinstance(name, list) and name else name
+        if name and shutil.which(name):
+            return shutil.which(name)  # type: ignore[return-value]
+    raise OSError("no C compiler found (set CC)")
+
+
+def _cpu() -> str:
+    """What -march=native compiles for: the machine and its CPU's feature flags."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()} {flags}"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DPTRAIN_NATIVE_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dptrain" / "native"
+
+
+def _build() -> Path:
+    """The library's path, built unless the cache has it. Written under a temporary name
+    and renamed into place, so ranks building at once never load a partial file."""
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    flags = list(FLAGS)
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), _cpu()])
+                         .encode()).hexdigest()[:20]
+    target = cache_dir() / f"tagi_step-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = []
+        for real, suffix, kind in (("float", "_f32", "FLOAT"), ("double", "_f64", "DOUBLE")):
+            obj = Path(tmp) / f"step{suffix}.o"
+            _run_compiler([cc, *flags, f"-DREAL={real}", f"-DSUFFIX={suffix}", f"-DREAL_IS_{kind}", "-c",
+                           str(SOURCE), "-o", str(obj)], flags)
+            objects.append(str(obj))
+        partial = Path(tmp) / target.name
+        _run_compiler([cc, "-shared", *objects, "-o", str(partial), "-lm"], [])
+        os.replace(partial, target)
+    log.info("native: built %s", target)
+    return target
+
+
+def _run_compiler(command: list[str], flags: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode and "-march=native" in flags:  # a compiler without it: plain -O3
+        flags.remove("-march=native")
+        command = [arg for arg in command if arg != "-march=native"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise OSError(f"{' '.join(command[:2])} failed: {done.stderr.strip()[:500]}")
+
+
+def check_network(net: Any) -> None:
+    """NotNative unless `net` is a CPU stack of LSTM and Linear layers the native step does."""
+    layers = list(net.layers)
+    if net.device.type != "cpu":
+        raise NotNative(f"the native step runs on the CPU, the network is on {net.device}")
+    if net.dtype not in _REALS:
+        raise NotNative(f"the native step takes float32 and float64, not {net.dtype}")
+    kinds = [type(layer) for layer in layers]
+    if not layers or any(kind not in _KINDS for kind in kinds) or \
+            list(net.descendants()) != layers:
+        names = ", ".join(sorted({kind.__name__ for kind in kinds} - set(
+            k.__name__ for k in _KINDS)))
+        raise NotNative(f"the native step takes stacks of LSTM and Linear layers only"
+                        f"{' (not ' + names + ')' if names else ''}")
+    if net.input_state_update:
+        raise NotNative("the native step does not compute the input's innovations")
+    width = None
+    for layer in layers:
+        inputs, outputs = _widths(layer)
+        if width is not None and width != inputs:
+            raise NotNative(f"{layer.label} takes {inputs} values per sample, the layer "
+                            f"before gives {width}")
+        width = outputs
+
+
+def _widths(layer: Any) -> tuple[int, int]:
+    if isinstance(layer, LSTM):
+        return layer.seq_len * layer.input_size, layer.seq_len * layer.output_size
+    return layer.input_size, layer.output_size
+
+
+class NativeStep:
+    """The step of one network at one batch size: its plan, buffers and pointers, made once.
+    `__call__` returns (mu, var) of the output before the update, or None when this step is
+    not one it does (an LSTM that starts from states set by `set_lstm_states`): the caller
+    then steps eagerly."""
+
+    def __init__(self, net: Any, batch: int, out_shape: tuple[int, ...] | None = None) -> None:
+        """`out_shape`: the output's shape, as the eager forward gives it (default (B, width
+        of the last layer))."""
+        check_network(net)
+        lib = library()
+        self.net, self.batch = net, batch
+        self.lstms = [layer for layer in net.layers if isinstance(layer, LSTM)]
+        if any(layer.seq_len == 1 for layer in self.lstms) and batch == 1:
+            raise NotNative("an LSTM carrying its states (seq_len 1, batch 1) is stepped by "
+                            "the traced program")
+        real, suffix = _REALS[net.dtype]
+        self.real = real
+        self.fn = getattr(lib, f"tagi_step{suffix}")
+        self.fn.restype = ctypes.c_int
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.fn.argtypes = [p, p, p, p, p, i64, p, p, p, i64, ctypes.c_int, real, real, real,
+                            p, p]
+        self.params, self.deltas = net.flat_params, net.flat_deltas
+        count = self.params.shape[1]
+        for t in (self.params, self.deltas):
+            if not t.is_contiguous():
+                raise NotNative("the parameter pack is not one contiguous (2, P) buffer")
+        words, scratch, widest = [len(net.layers), batch, count], 0, 1
+        for layer in net.layers:
+            inputs, outputs = _widths(layer)
+            widest = max(widest, inputs, outputs)
+            size = 2 * batch * outputs
+            if isinstance(layer, LSTM):  # native_step.c, the plan's comment
+                i, o = layer.input_size, layer.output_size
+                size += 3 * batch * outputs + (12 * i * o + 3 * i * o) + 6 * i * o + 12 * o
+            words += [_KINDS[type(layer)], layer.input_size, layer.output_size,
+                      getattr(layer, "seq_len", 1), int(layer.bias),
+                      self._offset(layer.mu_w, layer.var_w, count),
+                      self._offset(layer.mu_b, layer.var_b, count) if layer.bias else -1,
+                      scratch]
+            scratch += size
+        self.out_shape = tuple(out_shape) if out_shape is not None else (batch, outputs)
+        self.plan = torch.tensor(words, dtype=torch.int64)
+        like = {"dtype": net.dtype, "device": net.device}
+        self.work = torch.empty(scratch, **like)
+        self.grad = torch.empty(4 * batch * widest, **like)
+        self.widest = widest
+        self.fixed = (self.plan.data_ptr(), self.params.data_ptr(), self.deltas.data_ptr(),
+                      self.work.data_ptr(), self.grad.data_ptr(), widest)
+
+    def _offset(self, mu: torch.Tensor, var: torch.Tensor, count: int) -> int:
+        """Where a layer's parameter group starts in the parameter rows (checked to be the
+        pack's storage: a group rebound elsewhere is not the native step's)."""
+        size = self.params.element_size()
+        start = (mu.data_ptr() - self.params.data_ptr()) // size
+        if not (mu.is_contiguous() and var.is_contiguous() and 0 <= start < count and
+                var.data_ptr() == mu.data_ptr() + count * size and
+                self.deltas.shape == self.params.shape):
+            raise NotNative("a layer's parameters are not views of the network's pack")
+        return start
+
+    def current(self) -> bool:
+        """Whether the network still has the pack this step was planned for (`to()` makes a
+        new one)."""
+        net = self.net
+        return net.flat_params is self.params and net.flat_deltas is self.deltas
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, noise: torch.Tensor,
+                 factor: float | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`factor`: the cap's c, or None to leave the capped step to the caller (data
+        parallel: Δ is all-reduced first)."""
+        batch = self.batch
+        for layer in self.lstms:  # the eager forward's bookkeeping of the previous states
+            if layer._batch_size != batch or not layer._prev_zero:
+                layer._previous_states(batch, x)
+                if not layer._prev_zero:
+                    return None
+        x, y = x.contiguous(), y.contiguous()
+        noise_stride = 0 if noise.numel() == 1 else 1
+        if noise_stride:
+            noise = noise.expand(y.shape).contiguous()
+        mu = torch.empty(self.out_shape, dtype=y.dtype)
+        var = torch.empty(self.out_shape, dtype=y.dtype)
+        plan, params, deltas, work, grad, widest = self.fixed
+        lo, hi = (-1.0 / factor, 1.0 / factor) if factor is not None else (0.0, 0.0)
+        self.fn(plan, params, deltas, work, grad, widest, x.data_ptr(), y.data_ptr(),
+                noise.data_ptr(), noise_stride, int(factor is not None), lo, hi, VAR_FLOOR,
+                mu.data_ptr(), var.data_ptr())
+        # the parameters were written behind torch's back: bump their write counters
+        torch.autograd.graph.increment_version(self.params)
+        torch.autograd.graph.increment_version(self.deltas)
+        return mu, var

@@ -1,0 +1,422 @@
+/* One TAGI training step of a stack of LSTM and Linear layers, as plain loops.
+ *
+ * The native form of dptrain.tagi's compiled step (docs/tagi.md, Compiled step) for the
+ * networks of pytagi's forecasting examples at their small batches, where a step is a few
+ * tens of thousands of multiply-adds and per-operation overhead is all the time torch spends.
+ * The math is the eager layers', in the same order where rounding could tell: lstm.py,
+ * linear.py, output_updater.py (_innovations) and base.py (scale_deltas_, capped_update_).
+ * It is compiled twice, REAL = float and REAL = double, into one library (native.py builds
+ * and loads it); every buffer is allocated by the caller, so a step allocates nothing.
+ *
+ * The LSTM is the non-carrying one: seq_len > 1 or batch > 1, so every previous hidden and
+ * cell state is zero (native.py checks this before each step). With zero previous states the
+ * forget gate reaches nothing: its pre-activation is not computed and its increments are
+ * zero, as the eager coefficient a_f = J_f · c_prev = 0 makes them.
+ *
+ * The plan (int64 words), per network: n_layers, batch, P, then per layer
+ *   kind (1 Linear, 2 LSTM), I, O, T (1 for Linear), has_bias, w (offset of the weights in a
+ *   parameter row), b (offset of the biases, or -1), scratch (offset of the layer's buffers
+ *   in `work`).
+ * A layer's scratch: its output mean and variance (B x out width each), then for an LSTM the
+ * three gate coefficients a_i, a_c, a_o (B*T x 3 x O) of the backward pass, the transposed
+ * weights (lstm_transposed_size), the backward's accumulators (2 x I x 3·O) and 12·O values
+ * for one row.
+ * `params`, `deltas`: (2, P) rows, means then variances. `grad`: two (B x widest) pairs of
+ * buffers for the innovations passed down.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef SUFFIX
+#define SUFFIX _f32
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define NAME(n) CAT(n, SUFFIX)
+
+enum { LINEAR = 1, LSTM = 2, WORDS = 8, HEAD = 3 };
+
+/* e^x and tanh for float as branch-free inline code the compiler vectorises (libm's are
+ * calls, one value at a time: a third of the step's time). e^x = 2^n e^r with |r| ≤ ln 2 / 2
+ * and e^r from Cephes' degree-6 polynomial; tanh from Cephes' odd polynomial below 0.625 (no
+ * cancellation near 0), else 1 − 2/(e^{2|x|} + 1). Both within ~2 ulp; NaN stays NaN. The
+ * double build calls libm. */
+static inline float exp_f32(float x) {
+    x = x > 88.3f ? 88.3f : (x < -87.3f ? -87.3f : x); /* 2^n stays a normal float */
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline float tanh_f32(float x) {
+    const float a = fabsf(x), z = x * x;
+    float p = -5.70498872745e-3f * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    const float small = p * z * x + x;
+    const float big = copysignf(1.0f - 2.0f / (exp_f32(2.0f * a) + 1.0f), x);
+    return a < 0.625f ? small : big;
+}
+
+#ifdef REAL_IS_DOUBLE
+#define r_exp exp
+#define r_tanh tanh
+#define r_sqrt sqrt
+#else
+#define r_exp exp_f32
+#define r_tanh tanh_f32
+#define r_sqrt sqrtf
+#endif
+static inline REAL sigmoid(REAL x) { return (REAL)1 / ((REAL)1 + r_exp(-x)); }
+
+/* m_Z = W m_A + b; v_Z = m_A² v_Wᵀ + v_B (+ v_A (m_W² + v_W)ᵀ when the input has a variance) */
+static void linear_forward(const int64_t *l, const REAL *mw, const REAL *vw, const REAL *mb,
+                           const REAL *vb, const REAL *a, const REAL *va, int64_t batch,
+                           REAL *mz, REAL *vz) {
+    const int64_t in = l[1], out = l[2];
+    for (int64_t b = 0; b < batch; b++) {
+        const REAL *ar = a + b * in, *var = va ? va + b * in : 0;
+        for (int64_t o = 0; o < out; o++) {
+            const REAL *wr = mw + o * in, *vr = vw + o * in;
+            REAL m = 0, v = 0, t = 0;
+#pragma omp simd reduction(+ : m, v)
+            for (int64_t k = 0; k < in; k++) {
+                m += wr[k] * ar[k];
+                v += (ar[k] * ar[k]) * vr[k];
+            }
+            if (mb) {
+                m += mb[o];
+                v += vb[o];
+            }
+            if (var) {
+#pragma omp simd reduction(+ : t)
+                for (int64_t k = 0; k < in; k++) t += var[k] * (wr[k] * wr[k] + vr[k]);
+                v += t;
+            }
+            mz[b * out + o] = m;
+            vz[b * out + o] = v;
+        }
+    }
+}
+
+/* g_m = δmᵀ m_A, g_v = δvᵀ m_A² (+ the bias sums); the input's δ when asked for */
+static void linear_backward(const int64_t *l, const REAL *mw, const REAL *a, int64_t batch,
+                            const REAL *dm, const REAL *dv, REAL *gmw, REAL *gvw, REAL *gmb,
+                            REAL *gvb, REAL *dm_in, REAL *dv_in) {
+    const int64_t in = l[1], out = l[2];
+    memset(gmw, 0, sizeof(REAL) * in * out);
+    memset(gvw, 0, sizeof(REAL) * in * out);
+    if (gmb) {
+        memset(gmb, 0, sizeof(REAL) * out);
+        memset(gvb, 0, sizeof(REAL) * out);
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        const REAL *ar = a + b * in;
+        for (int64_t o = 0; o < out; o++) {
+            const REAL m = dm[b * out + o], v = dv[b * out + o];
+            REAL *gm = gmw + o * in, *gv = gvw + o * in;
+            for (int64_t k = 0; k < in; k++) {
+                gm[k] += m * ar[k];
+                gv[k] += v * (ar[k] * ar[k]);
+            }
+            if (gmb) {
+                gmb[o] += m;
+                gvb[o] += v;
+            }
+        }
+    }
+    if (!dm_in) return;
+    for (int64_t b = 0; b < batch; b++) {
+        REAL *mi = dm_in + b * in, *vi = dv_in + b * in;
+        memset(mi, 0, sizeof(REAL) * in);
+        memset(vi, 0, sizeof(REAL) * in);
+        for (int64_t o = 0; o < out; o++) {
+            const REAL m = dm[b * out + o], v = dv[b * out + o];
+            const REAL *wr = mw + o * in;
+            for (int64_t k = 0; k < in; k++) {
+                mi[k] += m * wr[k];
+                vi[k] += v * (wr[k] * wr[k]);
+            }
+        }
+    }
+}
+
+/* The LSTM's weights as (I x 4·O) column blocks, so that a row's gates are sums of vectors
+ * over the units (loops the compiler vectorises): m_W, v_W, m_W² + v_W, and the products
+ * w_i·w_c̃, w_i·w_o, w_c̃·w_o behind the covariances (I x 3·O). */
+static void lstm_transpose(const int64_t *l, const REAL *mw, const REAL *vw, REAL *t) {
+    const int64_t in = l[1], o = l[2], width = in + o, units = 4 * o;
+    REAL *tm = t, *tv = tm + in * units, *tt = tv + in * units;
+    REAL *cv = tt + in * units;
+    for (int64_t u = 0; u < units; u++)
+        for (int64_t k = 0; k < in; k++) {
+            const REAL w = mw[u * width + k], v = vw[u * width + k];
+            tm[k * units + u] = w;
+            tv[k * units + u] = v;
+            tt[k * units + u] = w * w + v;
+        }
+    for (int64_t j = 0; j < o; j++)
+        for (int64_t k = 0; k < in; k++) {
+            const REAL wi = mw[(o + j) * width + k], wc = mw[(2 * o + j) * width + k],
+                       wo = mw[(3 * o + j) * width + k];
+            cv[k * 3 * o + j] = wi * wc;
+            cv[k * 3 * o + o + j] = wi * wo;
+            cv[k * 3 * o + 2 * o + j] = wc * wo;
+        }
+}
+
+static int64_t lstm_transposed_size(const int64_t *l) { return 3 * l[1] * 4 * l[2] + 3 * l[1] * l[2]; }
+
+/* One row's gates (pre-activations zm, zv of i, c̃, o; covariance sums c0, c2, c3 when the
+ * input has a variance), its cell and hidden states and its backward coefficients. */
+static void lstm_row(int64_t o, int has_var, const REAL *restrict zm, const REAL *restrict zv,
+                     const REAL *restrict c0, const REAL *restrict c2,
+                     const REAL *restrict c3, REAL *restrict hm, REAL *restrict hv,
+                     REAL *restrict cr) {
+    for (int64_t j = 0; j < o; j++) {
+        /* gates: sigmoid for i and o, tanh for c̃; J = (1 − m)(m + e) */
+        const REAL mi = sigmoid(zm[j]), mc = r_tanh(zm[o + j]), mo = sigmoid(zm[2 * o + j]);
+        const REAL ji = ((REAL)1 - mi) * mi, jc = ((REAL)1 - mc) * (mc + (REAL)1),
+                   jo = ((REAL)1 - mo) * mo;
+        const REAL vi = ji * ji * zv[j], vc = jc * jc * zv[o + j], vo = jo * jo * zv[2 * o + j];
+        /* c = i·c̃ (+ Cov(i, c̃)) */
+        const REAL prod_ic = mi * mc;
+        REAL var_c = vc * (mi * mi + vi);
+        var_c = var_c + vi * (mc * mc);
+        REAL mu_c = prod_ic;
+        if (has_var) {
+            const REAL cov_ic = ji * jc * c0[j];
+            mu_c = prod_ic + cov_ic;
+            var_c = var_c + cov_ic * (mu_c + prod_ic);
+        }
+        const REAL mu_ca = r_tanh(mu_c), mu_ca_sq = mu_ca * mu_ca;
+        const REAL jcb_ca = (REAL)1 - mu_ca_sq, var_ca = jcb_ca * jcb_ca * var_c;
+        /* h = o·tanh(c) (+ Cov(o, tanh c)) */
+        const REAL prod_h = mo * mu_ca;
+        REAL var_h = var_ca * (mo * mo + vo);
+        var_h = var_h + vo * mu_ca_sq;
+        REAL mu_h = prod_h;
+        if (has_var) {
+            REAL paths = ji * mc * c2[j];
+            paths = paths + (jc * mi) * c3[j];
+            const REAL cov_oh = paths * jo * jcb_ca;
+            mu_h = prod_h + cov_oh;
+            var_h = var_h + cov_oh * (mu_h + prod_h);
+        }
+        hm[j] = mu_h;
+        hv[j] = var_h;
+        const REAL through_cell = jcb_ca * mo;
+        cr[j] = ji * (through_cell * mc);
+        cr[o + j] = jc * (through_cell * mi);
+        cr[2 * o + j] = jo * mu_ca;
+    }
+}
+
+/* The gates of all B*T rows (X = [x_t, 0]: only the I input columns count), the cell and
+ * hidden states with Cov(i, c̃) and Cov(o, tanh c), and the backward coefficients a_i, a_c̃,
+ * a_o. `t`: lstm_transpose's blocks; `row`: 7·O scratch values. */
+static void lstm_forward(const int64_t *l, const REAL *mb, const REAL *vb, const REAL *t,
+                         const REAL *x, const REAL *vx, int64_t batch, REAL *mh, REAL *vh,
+                         REAL *coef, REAL *row) {
+    const int64_t in = l[1], o = l[2], rows = batch * l[3], units = 4 * o, gates = 3 * o;
+    const REAL *tm = t + o, *tv = t + in * units + o, *tt = t + 2 * in * units + o;
+    const REAL *cv = t + 3 * in * units;
+    REAL *zm = row, *zv = zm + gates, *c0 = zv + gates, *c2 = c0 + o, *c3 = c2 + o;
+    for (int64_t r = 0; r < rows; r++) {
+        const REAL *xr = x + r * in, *vxr = vx ? vx + r * in : 0;
+        for (int64_t u = 0; u < gates; u++) { /* i, c̃, o; the forget gate reaches nothing */
+            zm[u] = mb ? mb[o + u] : 0;
+            zv[u] = vb ? vb[o + u] : 0;
+        }
+        for (int64_t k = 0; k < in; k++) {
+            const REAL xk = xr[k], xk2 = xk * xk;
+            const REAL *wm = tm + k * units, *wv = tv + k * units;
+            for (int64_t u = 0; u < gates; u++) {
+                zm[u] += xk * wm[u];
+                zv[u] += xk2 * wv[u];
+            }
+        }
+        if (vxr) {
+            for (int64_t u = 0; u < gates; u++) c0[u] = 0; /* c0, c2, c3 */
+            for (int64_t k = 0; k < in; k++) {
+                const REAL vk = vxr[k], *wt = tt + k * units, *c = cv + k * gates;
+                for (int64_t u = 0; u < gates; u++) zv[u] += vk * wt[u];
+                for (int64_t u = 0; u < gates; u++) c0[u] += vk * c[u];
+            }
+        }
+        if (vxr) /* two calls with a constant flag: each inlined copy is vectorised */
+            lstm_row(o, 1, zm, zv, c0, c2, c3, mh + r * o, vh + r * o, coef + r * 3 * o);
+        else
+            lstm_row(o, 0, zm, zv, c0, c2, c3, mh + r * o, vh + r * o, coef + r * 3 * o);
+    }
+}
+
+/* g_m, g_v of the gate weights (accumulated as (I x 3·O) blocks `acc`, then written in the
+ * weights' layout, the forget gate's and the hidden columns' zero) and the input's δ. */
+static void lstm_backward(const int64_t *l, const REAL *t, const REAL *x, int64_t batch,
+                          const REAL *coef, const REAL *dm, const REAL *dv, REAL *gmw,
+                          REAL *gvw, REAL *gmb, REAL *gvb, REAL *dm_in, REAL *dv_in,
+                          REAL *acc, REAL *row) {
+    const int64_t in = l[1], o = l[2], rows = batch * l[3], width = in + o, units = 4 * o,
+                  gates = 3 * o;
+    const REAL *tm = t + o;
+    REAL *am = row, *av = am + gates, *bm = av + gates, *bv = bm + gates;
+    REAL *accm = acc, *accv = acc + in * gates;
+    for (int64_t u = 0; u < 2 * in * gates; u++) acc[u] = 0;
+    for (int64_t u = 0; u < gates; u++) bm[u] = bv[u] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const REAL *xr = x + r * in, *cr = coef + r * gates, *m = dm + r * o, *v = dv + r * o;
+        for (int64_t g = 0; g < 3; g++)
+            for (int64_t j = 0; j < o; j++) {
+                const REAL a = cr[g * o + j];
+                am[g * o + j] = a * m[j];
+                av[g * o + j] = (a * a) * v[j];
+            }
+        for (int64_t u = 0; u < gates; u++) {
+            bm[u] += am[u];
+            bv[u] += av[u];
+        }
+        for (int64_t k = 0; k < in; k++) {
+            const REAL xk = xr[k], xk2 = xk * xk;
+            REAL *gm = accm + k * gates, *gv = accv + k * gates;
+            for (int64_t u = 0; u < gates; u++) {
+                gm[u] += am[u] * xk;
+                gv[u] += av[u] * xk2;
+            }
+        }
+        if (!dm_in) continue;
+        /* δm_x = Σ_j δm_j s_j, δv_x = Σ_j δv_j s_j², s_j = Σ_g a_g,j w_g,j (the eager sum
+         * over the 16 gate pairs, factored) */
+        for (int64_t k = 0; k < in; k++) {
+            const REAL *w = tm + k * units;
+            REAL sm = 0, sv = 0;
+#pragma omp simd reduction(+ : sm, sv)
+            for (int64_t j = 0; j < o; j++) {
+                const REAL s = cr[j] * w[j] + cr[o + j] * w[o + j] + cr[2 * o + j] * w[2 * o + j];
+                sm += m[j] * s;
+                sv += v[j] * (s * s);
+            }
+            dm_in[r * in + k] = sm;
+            dv_in[r * in + k] = sv;
+        }
+    }
+    memset(gmw, 0, sizeof(REAL) * units * width);
+    memset(gvw, 0, sizeof(REAL) * units * width);
+    for (int64_t u = 0; u < gates; u++)
+        for (int64_t k = 0; k < in; k++) {
+            gmw[(o + u) * width + k] = accm[k * gates + u];
+            gvw[(o + u) * width + k] = accv[k * gates + u];
+        }
+    if (gmb) {
+        for (int64_t j = 0; j < o; j++) gmb[j] = gvb[j] = 0;
+        for (int64_t u = 0; u < gates; u++) {
+            gmb[o + u] = bm[u];
+            gvb[o + u] = bv[u];
+        }
+    }
+}
+
+/* The output update (_innovations): δm = (y − m)/(v + σ²), δv = −1/(v + σ²), zero where
+ * not finite (a NaN target). `noise` is one value (noise_stride 0) or one per output. */
+static void innovations(const REAL *mu, const REAL *var, const REAL *y, const REAL *noise,
+                        int64_t noise_stride, int64_t n, REAL *dm, REAL *dv) {
+    for (int64_t k = 0; k < n; k++) {
+        const REAL inv_s = (REAL)1 / (var[k] + noise[k * noise_stride]);
+        const REAL m = (y[k] - mu[k]) * inv_s;
+        const int observed = isfinite(m);
+        dm[k] = observed ? m : (REAL)0;
+        dv[k] = observed ? -inv_s : (REAL)0;
+    }
+}
+
+/* Δm = v g_m, Δv = v² g_v; then (cap ≠ 0) m += clamp(Δm, ±bar), v += clamp(Δv, ±bar),
+ * bar = sqrt(v_old)/c, and v ≤ 0 → var_floor. cap_lo, cap_hi: −1/c and 1/c as REAL. */
+static void scaled_step(REAL *restrict params, REAL *restrict deltas, int64_t count,
+                        int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor) {
+    REAL *restrict mu = params, *restrict var = params + count, *restrict dm = deltas,
+                   *restrict dv = deltas + count;
+    for (int64_t p = 0; p < count; p++) {
+        const REAL v = var[p];
+        dm[p] = dm[p] * v;
+        dv[p] = (dv[p] * v) * v;
+    }
+    if (!do_step) return;
+    for (int64_t p = 0; p < count; p++) { /* clamp as torch's: NaN stays NaN */
+        const REAL v = var[p], root = r_sqrt(v), lo = root * cap_lo, hi = root * cap_hi;
+        REAL cm = dm[p] < lo ? lo : dm[p], cv = dv[p] < lo ? lo : dv[p];
+        cm = cm > hi ? hi : cm;
+        cv = cv > hi ? hi : cv;
+        mu[p] = mu[p] + cm;
+        const REAL nv = v + cv;
+        var[p] = nv > 0 ? nv : var_floor;
+    }
+}
+
+/* The whole step. x: (B, first layer's input width); y: (B, last width); out_mu, out_var:
+ * the network's output before the update. Returns 0. */
+int NAME(tagi_step)(const int64_t *plan, REAL *params, REAL *deltas, REAL *work, REAL *grad,
+                    int64_t grad_width, const REAL *x, const REAL *y, const REAL *noise,
+                    int64_t noise_stride, int do_step, REAL cap_lo, REAL cap_hi,
+                    REAL var_floor, REAL *out_mu, REAL *out_var) {
+    const int64_t layers = plan[0], batch = plan[1], count = plan[2];
+    const REAL *a = x, *va = 0;
+    for (int64_t n = 0; n < layers; n++) {
+        const int64_t *l = plan + HEAD + n * WORDS;
+        const REAL *mw = params + l[5], *vw = params + count + l[5];
+        const REAL *mb = l[6] >= 0 ? params + l[6] : 0, *vb = l[6] >= 0 ? params + count + l[6] : 0;
+        REAL *mz = work + l[7], *vz = mz + batch * l[2] * l[3];
+        if (l[0] == LINEAR) {
+            linear_forward(l, mw, vw, mb, vb, a, va, batch, mz, vz);
+        } else {
+            REAL *coef = vz + batch * l[2] * l[3], *t = coef + 3 * batch * l[2] * l[3];
+            REAL *row = t + lstm_transposed_size(l) + 2 * l[1] * 3 * l[2];
+            lstm_transpose(l, mw, vw, t);
+            lstm_forward(l, mb, vb, t, a, va, batch, mz, vz, coef, row);
+        }
+        a = mz;
+        va = vz;
+    }
+    const int64_t *last = plan + HEAD + (layers - 1) * WORDS;
+    const int64_t outputs = batch * last[2] * last[3];
+    memcpy(out_mu, a, sizeof(REAL) * outputs);
+    memcpy(out_var, va, sizeof(REAL) * outputs);
+    REAL *dm = grad, *dv = grad + batch * grad_width;
+    REAL *dm_next = dv + batch * grad_width, *dv_next = dm_next + batch * grad_width;
+    innovations(a, va, y, noise, noise_stride, outputs, dm, dv);
+    for (int64_t n = layers - 1; n >= 0; n--) {
+        const int64_t *l = plan + HEAD + n * WORDS;
+        const REAL *in = n ? work + (l - WORDS)[7] : x;
+        const REAL *mw = params + l[5];
+        REAL *gmb = l[6] >= 0 ? deltas + l[6] : 0, *gvb = l[6] >= 0 ? deltas + count + l[6] : 0;
+        REAL *mi = n ? dm_next : 0, *vi = n ? dv_next : 0;
+        if (l[0] == LINEAR)
+            linear_backward(l, mw, in, batch, dm, dv, deltas + l[5], deltas + count + l[5], gmb,
+                            gvb, mi, vi);
+        else {
+            const int64_t states = batch * l[2] * l[3];
+            REAL *coef = work + l[7] + 2 * states, *t = coef + 3 * states;
+            REAL *acc = t + lstm_transposed_size(l), *row = acc + 2 * l[1] * 3 * l[2];
+            lstm_backward(l, t, in, batch, coef, dm, dv, deltas + l[5], deltas + count + l[5],
+                          gmb, gvb, mi, vi, acc, row);
+        }
+        REAL *t = dm; dm = dm_next; dm_next = t;
+        t = dv; dv = dv_next; dv_next = t;
+    }
+    scaled_step(params, deltas, count, do_step, cap_lo, cap_hi, var_floor);
+    return 0;
+}
