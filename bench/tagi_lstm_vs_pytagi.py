@@ -117,15 +117,18 @@ def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray]
         sigma_v = sigma_v_at(epoch, sigma_v)
         for i in range(0, len(x_train) - batch + 1, batch):
             if step is not None:
-                began, cpu_began = time.perf_counter(), time.process_time()
-                step(x_train[i:i + batch], y_train[i:i + batch], sigma_v**2)
                 # the first two steps (eager, then compiling) and the first step after the
-                # first reset of the LSTM states (a second program: no carried states yet)
+                # first reset of the LSTM states (a second program: no carried states yet);
+                # only these are timed on their own, the clocks' own cost kept off the others
                 if (epoch == 0 and i <= batch) or (epoch == 1 and i == 0):
+                    began, cpu_began = time.perf_counter(), time.process_time()
+                    step(x_train[i:i + batch], y_train[i:i + batch], sigma_v**2)
                     compiling += time.perf_counter() - began
                     cpu_compiling += time.process_time() - cpu_began
                     if i != 0 or epoch == 1:
                         COMPILE_SECONDS.append(time.perf_counter() - began)
+                else:
+                    step(x_train[i:i + batch], y_train[i:i + batch], sigma_v**2)
                 continue
             net(x_train[i:i + batch])
             updater.update(net.output_z_buffer, y_train[i:i + batch], sigma_v**2,

@@ -108,6 +108,7 @@ class CompiledStep:
         self.compiled_steps = self.eager_steps = 0
         self._scalars: dict[tuple, torch.Tensor] = {}  # (value, dtype, device): tensor
         self._caps: dict[tuple, torch.Tensor] = {}
+        self._likes: dict[tuple, torch.Tensor] = {}
         self.native = native
         self._natives: dict[int, native_module.NativeStep] = {}  # per batch size
         self._native_off = native is False or (native is None and (
@@ -127,16 +128,23 @@ class CompiledStep:
         if (self.update == "indices") != (selected_idx is not None):
             raise ValueError(f"compiled step with update={self.update!r}: selected_idx is "
                              f"{'required' if self.update == 'indices' else 'not used'}")
-        mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs,
+        # a native step checks that x is finite inside its call (the same check, cheaper)
+        natively = bool(self._natives) and self.fallback_reason is None
+        mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs and not natively,
                            net.input_sample_shape(),
                            allow_empty=net.allow_empty_batch or self._reduce is not None)
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
+            if natively and net.check_inputs:
+                as_input(mu_x, None, net.dtype, net.device, True)
             return self._eager_step(mu_x, y, var_y, selected_idx)
         y, noise, idx = self._checked_targets(y, var_y, selected_idx)
         native = self._native_step(mu_x.shape[0])
         if native is not None:
-            return self._native_call(native, mu_x, y, noise, var_y)
+            return self._native_call(native, mu_x, y, noise, var_y,
+                                     net.check_inputs and natively)
+        if natively and net.check_inputs:
+            as_input(mu_x, None, net.dtype, net.device, True)
         if self.fallback_reason is not None:  # native=True, and the network is not native
             return self._eager_step(mu_x, y, var_y, selected_idx)
         shapes = (mu_x.shape, y.shape, None if idx is None else idx.shape, noise.shape)
@@ -186,13 +194,13 @@ class CompiledStep:
         return found
 
     def _native_call(self, native: native_module.NativeStep, mu_x: torch.Tensor,
-                     y: torch.Tensor, noise: torch.Tensor, var_y: Any
+                     y: torch.Tensor, noise: torch.Tensor, var_y: Any, check_x: bool
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         net, batch = self.net, mu_x.shape[0]
         factor = None
         if self._reduce is None:
             factor = cap_factor(net.cap_batch_size if net.cap_batch_size is not None else batch)
-        out = native(mu_x, y, noise, factor)
+        out = native(mu_x, y, noise, factor, check_x)
         if out is None:  # LSTM states set by the user: the eager loop's
             return self._eager_step(mu_x, y, var_y, None)
         mu, var = out
@@ -236,10 +244,18 @@ class CompiledStep:
                                               device=self.net.device)
         return self._scalars[key]
 
+    def _like(self) -> torch.Tensor:
+        """An empty tensor of the network's dtype and device (`to()` may change them)."""
+        key = (self.net.dtype, self.net.device)
+        like = self._likes.get(key)
+        if like is None:
+            like = self._likes[key] = torch.empty(0, dtype=key[0], device=key[1])
+        return like
+
     def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The eager update's checks, made before the program runs (they read values)."""
-        like = torch.empty(0, dtype=self.net.dtype, device=self.net.device)
+        like = self._like()
         out = self._out_shape
         assert out is not None
         if self.update == "heteros":

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from dptrain.tagi._inputs import as_input
 from dptrain.tagi.base import VAR_FLOOR
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.lstm import LSTM
@@ -38,9 +39,10 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_step.c")
 #: -march=native where the compiler takes it (the cache key holds the CPU's flags)
-FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-march=native")
+FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno",
+         "-march=native")
 _KINDS = {Linear: 1, LSTM: 2}
-_WORDS, _HEAD = 8, 3  # the plan's words per layer and before the layers (native_step.c)
+_WORDS, _HEAD = 8, 8  # the plan's words per layer and before the layers (native_step.c)
 _REALS = {torch.float32: (ctypes.c_float, "_f32"), torch.float64: (ctypes.c_double, "_f64")}
 
 _loaded: tuple[ctypes.CDLL | None, str | None] | None = None
@@ -183,14 +185,14 @@ class NativeStep:
         self.fn = getattr(lib, f"tagi_step{suffix}")
         self.fn.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self.fn.argtypes = [p, p, p, p, p, i64, p, p, p, i64, ctypes.c_int, real, real, real,
-                            p, p]
+        self.fn.argtypes = [p, p, ctypes.c_int, p, p, i64, ctypes.c_int, real, real, real, p,
+                            p]
         self.params, self.deltas = net.flat_params, net.flat_deltas
         count = self.params.shape[1]
         for t in (self.params, self.deltas):
             if not t.is_contiguous():
                 raise NotNative("the parameter pack is not one contiguous (2, P) buffer")
-        words, scratch, widest = [len(net.layers), batch, count], 0, 1
+        layers, scratch, widest = [], 0, 1
         for layer in net.layers:
             inputs, outputs = _widths(layer)
             widest = max(widest, inputs, outputs)
@@ -198,20 +200,20 @@ class NativeStep:
             if isinstance(layer, LSTM):  # native_step.c, the plan's comment
                 i, o = layer.input_size, layer.output_size
                 size += 3 * batch * outputs + (12 * i * o + 3 * i * o) + 6 * i * o + 12 * o
-            words += [_KINDS[type(layer)], layer.input_size, layer.output_size,
+            layers += [_KINDS[type(layer)], layer.input_size, layer.output_size,
                       getattr(layer, "seq_len", 1), int(layer.bias),
                       self._offset(layer.mu_w, layer.var_w, count),
                       self._offset(layer.mu_b, layer.var_b, count) if layer.bias else -1,
                       scratch]
             scratch += size
         self.out_shape = tuple(out_shape) if out_shape is not None else (batch, outputs)
-        self.plan = torch.tensor(words, dtype=torch.int64)
         like = {"dtype": net.dtype, "device": net.device}
         self.work = torch.empty(scratch, **like)
         self.grad = torch.empty(4 * batch * widest, **like)
-        self.widest = widest
-        self.fixed = (self.plan.data_ptr(), self.params.data_ptr(), self.deltas.data_ptr(),
-                      self.work.data_ptr(), self.grad.data_ptr(), widest)
+        head = [len(net.layers), batch, count, self.params.data_ptr(), self.deltas.data_ptr(),
+                self.work.data_ptr(), self.grad.data_ptr(), widest]
+        self.plan = torch.tensor(head + layers, dtype=torch.int64)
+        self.plan_ptr = self.plan.data_ptr()
 
     def _offset(self, mu: torch.Tensor, var: torch.Tensor, count: int) -> int:
         """Where a layer's parameter group starts in the parameter rows (checked to be the
@@ -231,9 +233,11 @@ class NativeStep:
         return net.flat_params is self.params and net.flat_deltas is self.deltas
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, noise: torch.Tensor,
-                 factor: float | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 factor: float | None, check_x: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`factor`: the cap's c, or None to leave the capped step to the caller (data
-        parallel: Δ is all-reduced first)."""
+        parallel: Δ is all-reduced first). `check_x`: check that x is finite, as the eager
+        forward does (`as_input`), inside the call: a ValueError, and nothing written, if not."""
         batch = self.batch
         for layer in self.lstms:  # the eager forward's bookkeeping of the previous states
             if layer._batch_size != batch or not layer._prev_zero:
@@ -246,12 +250,15 @@ class NativeStep:
             noise = noise.expand(y.shape).contiguous()
         mu = torch.empty(self.out_shape, dtype=y.dtype)
         var = torch.empty(self.out_shape, dtype=y.dtype)
-        plan, params, deltas, work, grad, widest = self.fixed
         lo, hi = (-1.0 / factor, 1.0 / factor) if factor is not None else (0.0, 0.0)
-        self.fn(plan, params, deltas, work, grad, widest, x.data_ptr(), y.data_ptr(),
-                noise.data_ptr(), noise_stride, int(factor is not None), lo, hi, VAR_FLOOR,
-                mu.data_ptr(), var.data_ptr())
-        # the parameters were written behind torch's back: bump their write counters
+        args = (x.data_ptr(), y.data_ptr(), noise.data_ptr(), noise_stride,
+                int(factor is not None), lo, hi, VAR_FLOOR, mu.data_ptr(), var.data_ptr())
+        if self.fn(self.plan_ptr, args[0], int(check_x), *args[1:]):
+            # the sum is not finite: the eager check finds the value and says where (or,
+            # for a finite sum that overflowed, passes, and the step runs unchecked)
+            as_input(x, None, x.dtype, x.device, True)
+            self.fn(self.plan_ptr, args[0], 0, *args[1:])
+        # the parameters were written behind torch's back: bump their write counter (the
+        # layers' weight caches are keyed on it)
         torch.autograd.graph.increment_version(self.params)
-        torch.autograd.graph.increment_version(self.deltas)
         return mu, var

@@ -13,7 +13,8 @@
  * forget gate reaches nothing: its pre-activation is not computed and its increments are
  * zero, as the eager coefficient a_f = J_f · c_prev = 0 makes them.
  *
- * The plan (int64 words), per network: n_layers, batch, P, then per layer
+ * The plan (int64 words), per network: n_layers, batch, P, the addresses of `params`,
+ * `deltas`, `work` and `grad`, the width of `grad`'s buffers; then per layer
  *   kind (1 Linear, 2 LSTM), I, O, T (1 for Linear), has_bias, w (offset of the weights in a
  *   parameter row), b (offset of the biases, or -1), scratch (offset of the layer's buffers
  *   in `work`).
@@ -38,7 +39,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define NAME(n) CAT(n, SUFFIX)
 
-enum { LINEAR = 1, LSTM = 2, WORDS = 8, HEAD = 3 };
+enum { LINEAR = 1, LSTM = 2, WORDS = 8, HEAD = 8 };
 
 /* e^x and tanh for float as branch-free inline code the compiler vectorises (libm's are
  * calls, one value at a time: a third of the step's time). e^x = 2^n e^r with |r| ≤ ln 2 / 2
@@ -368,13 +369,23 @@ static void scaled_step(REAL *restrict params, REAL *restrict deltas, int64_t co
 }
 
 /* The whole step. x: (B, first layer's input width); y: (B, last width); out_mu, out_var:
- * the network's output before the update. Returns 0. */
-int NAME(tagi_step)(const int64_t *plan, REAL *params, REAL *deltas, REAL *work, REAL *grad,
-                    int64_t grad_width, const REAL *x, const REAL *y, const REAL *noise,
-                    int64_t noise_stride, int do_step, REAL cap_lo, REAL cap_hi,
-                    REAL var_floor, REAL *out_mu, REAL *out_var) {
-    const int64_t layers = plan[0], batch = plan[1], count = plan[2];
+ * the network's output before the update. Returns 0, or 1 (and writes nothing) when
+ * `check_x` is set and the sum of x is not finite. */
+int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL *y,
+                    const REAL *noise, int64_t noise_stride, int do_step, REAL cap_lo,
+                    REAL cap_hi, REAL var_floor, REAL *out_mu, REAL *out_var) {
+    const int64_t layers = plan[0], batch = plan[1], count = plan[2], grad_width = plan[7];
+    REAL *params = (REAL *)plan[3], *deltas = (REAL *)plan[4], *work = (REAL *)plan[5],
+         *grad = (REAL *)plan[6];
     const REAL *a = x, *va = 0;
+    if (check_x) { /* the eager check: the input's sum is finite (else the caller looks) */
+        const int64_t *first = plan + HEAD;
+        const int64_t values = batch * first[1] * first[3];
+        REAL sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < values; k++) sum += x[k];
+        if (!isfinite(sum)) return 1;
+    }
     for (int64_t n = 0; n < layers; n++) {
         const int64_t *l = plan + HEAD + n * WORDS;
         const REAL *mw = params + l[5], *vw = params + count + l[5];
