@@ -4,18 +4,23 @@
     .venv/bin/python bench/tagi_compiled_step.py --quick         # smoke run, writes nothing
     .venv/bin/python bench/tagi_compiled_step.py --threads 2 [--no-thread-rule] --output F
         # eager on 2 threads; compiled with the engine's thread rule (or without: 2 threads)
+    .venv/bin/python bench/tagi_compiled_step.py --native --cpp-wrapper --case 'lstm b5' ...
+        # the native step (LSTM and Linear stacks) beside inductor's two programs
 
 (bench/results/tagi_compiled_step.json)
 
 Cases: the FNN 784-128-128-11 (HRC) at batch 32, heteroscedastic regression at batch 10, and
-pytagi's LSTM example network at batch 5, 64 and 256. Two networks from the same seed, one
+pytagi's LSTM example network at batch 5, 64 and 256, and a wider LSTM (two layers of 64 over
+24 steps, as a forecasting model) at batch 32 and 128. Two networks from the same seed, one
 stepped by the eager pytagi loop, one by `net.compile(...)`, alternating repeats of the same
 batches (which goes first alternates too), one thread; a figure is the median over repeats,
 with the spread (min-max over repeats) printed beside it, as the machine may be shared, and
 the median CPU time per step of this process (which leaves out the time other work held the
 core).
 With --cpp-wrapper a third network, compiled with inductor's C++ wrapper, joins the
-alternation ("compiled" is then the Python wrapper). Per case: eager and compiled ms per step,
+alternation ("compiled" is then the Python wrapper); with --native, one stepped by the native
+library (native.py; its compile time is the library's build, in a fresh cache). "compiled"
+and "compiled_cpp" are always inductor's programs. Per case: eager and compiled ms per step,
 their ratio, compile time (first compiled step minus an eager one, fresh inductor cache), break-even steps (compile time / time saved per step),
 resident memory added by compiling, and the largest parameter difference after the first
 compiled step relative to the largest parameter.
@@ -33,6 +38,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
+os.environ.setdefault("DPTRAIN_NATIVE_CACHE", tempfile.mkdtemp(prefix="native-"))
 
 import torch  # noqa: E402
 
@@ -44,10 +50,15 @@ from _machine import command_line  # noqa: E402
 from tagi_vs_pytagi import BENCH_DIR, git_describe, hardware, write_json  # noqa: E402
 
 DEFAULT_OUTPUT = BENCH_DIR / "results" / "tagi_compiled_step.json"
+VARIANTS = {"compiled", "compiled_cpp", "native"}
 
 
 def _lstm():
     return tagi.Sequential(tagi.LSTM(1, 8, 5), tagi.LSTM(8, 8, 5), tagi.Linear(40, 1))
+
+
+def _wide_lstm():
+    return tagi.Sequential(tagi.LSTM(2, 64, 24), tagi.LSTM(64, 64, 24), tagi.Linear(64 * 24, 1))
 
 
 def cases() -> dict[str, tuple]:
@@ -64,7 +75,9 @@ def cases() -> dict[str, tuple]:
     return {"fnn b32": (fnn, "indices", 32, 784, hrc.num_outputs),
             "heteros b10": (heteros, "heteros", 10, 1, 2),
             "lstm b5": (_lstm, "plain", 5, 5, 1), "lstm b64": (_lstm, "plain", 64, 5, 1),
-            "lstm b256": (_lstm, "plain", 256, 5, 1)}
+            "lstm b256": (_lstm, "plain", 256, 5, 1),
+            "lstm h64 b32": (_wide_lstm, "plain", 32, 48, 1),
+            "lstm h64 b128": (_wide_lstm, "plain", 128, 48, 1)}
 
 
 def batches(update: str, batch: int, width: int, out: int, count: int = 20) -> list[tuple]:
@@ -100,9 +113,9 @@ def rss_mib() -> float:
 
 
 def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
-            thread_rule: bool = True) -> dict:
-    """Eager vs compiled (and, with `cpp_wrapper`, compiled with inductor's C++ wrapper),
-    all stepped in one alternating sequence."""
+            thread_rule: bool = True, native: bool = False) -> dict:
+    """Eager vs compiled (and, with `cpp_wrapper`, compiled with inductor's C++ wrapper; with
+    `native`, the native step), all stepped in one alternating sequence."""
     build, update, batch, width, out = cases()[name]
     tagi.manual_seed(0)
     eager = build().compile(update, backend="eager")  # dynamo's "eager" is never used:
@@ -115,7 +128,10 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
         tagi.manual_seed(0)
         steppers[variant] = CompiledStep(build(), update, options=options,
                                          single_thread_work=SINGLE_THREAD_WORK
-                                         if thread_rule else None)
+                                         if thread_rule else None, native=False)
+    if native:
+        tagi.manual_seed(0)
+        steppers["native"] = CompiledStep(build(), update, native=True)
     data = batches(update, batch, width, out)
     for step in steppers.values():
         run(step, data, 0, 1)  # the first step is eager
@@ -142,7 +158,7 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
     row["eager_ms"] = statistics.median(times["eager"])
     row["eager_ms_range"] = [min(times["eager"]), max(times["eager"])]
     row["eager_cpu_ms"] = statistics.median(cpu["eager"])
-    for variant in row.keys() & {"compiled", "compiled_cpp"}:
+    for variant in row.keys() & VARIANTS:
         ms = statistics.median(times[variant])
         saved = (row["eager_ms"] - ms) / 1e3
         cpu_ms = statistics.median(cpu[variant])
@@ -165,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpp-wrapper", action="store_true",
                    help="also inductor's cpp_wrapper (the program's glue as C++, not Python), "
                         "in the same alternation")
+    p.add_argument("--native", action="store_true",
+                   help="also the native step (LSTM and Linear stacks), in the same alternation")
     p.add_argument("--no-thread-rule", action="store_true",
                    help="compiled steps on --threads whatever their size (default: a small "
                         "step's program on one thread, SINGLE_THREAD_WORK)")
@@ -176,11 +194,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.case or list(cases()):
         rows.append(measure(name, args.repeats, args.steps, args.cpp_wrapper,
-                            not args.no_thread_rule))
+                            not args.no_thread_rule, args.native))
         r = rows[-1]
         print(f"{name:12} eager {r['eager_ms']:.3f} ms {r['eager_ms_range']} "
               f"(CPU {r['eager_cpu_ms']:.3f} ms)", flush=True)
-        for variant in ("compiled", "compiled_cpp"):
+        for variant in sorted(VARIANTS):
             if variant in r:
                 v = r[variant]
                 even = "never" if v["break_even_steps"] is None else f"{v['break_even_steps']:.0f}"
@@ -193,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.output, {"command": command_line(), "rows": rows, "repeats": args.repeats,
                                  "steps": args.steps, "threads": args.threads,
                                  "thread_rule": not args.no_thread_rule,
-                                 "cpp_wrapper": args.cpp_wrapper,
+                                 "cpp_wrapper": args.cpp_wrapper, "native": args.native,
                                  "hardware": hardware(), "git": git_describe(),
                                  "torch": torch.__version__})
 

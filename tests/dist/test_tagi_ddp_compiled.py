@@ -2,7 +2,8 @@
 program) in sum mode equals one process stepping the global batch eagerly (contract 1), the
 replicas stay bit-identical (contract 2), and a step whose local batch has another size (a
 short last batch, a rank without a sample) runs the wrapper's eager loop, joining the same
-collectives. Traced with the "aot_eager" backend (the captured graph, no code generation)."""
+collectives. Traced with the "aot_eager" backend (the captured graph, no code generation), and
+stepped by the native library (an LSTM and Linear stack)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ F64 = torch.float64
 SIZES = [(3, 6), (3, 6), (3, 6), (3, 6), (1, 2), (0, 4)]
 
 
-def _net(seed: int) -> Sequential:
+def _net(seed: int, native: bool = False) -> Sequential:
     manual_seed(seed)
+    if native:  # the stacks the native step does: no activation layers
+        return Sequential(LSTM(2, 4, 3), Linear(12, 8), Linear(8, 1), dtype=F64)
     return Sequential(LSTM(2, 4, 3), Linear(12, 8), ReLU(), Linear(8, 1), dtype=F64)
 
 
@@ -33,11 +36,11 @@ def _batch(step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(batch, 1, generator=g, dtype=F64))
 
 
-def _compiled_world(rank: int, world_size: int) -> dict:
+def _compiled_world(rank: int, world_size: int, native: bool) -> dict:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
-    ddp = DDPSequential(_net(seed=rank), config)
-    step = ddp.compile(backend="aot_eager")
-    reference = _net(seed=0)
+    ddp = DDPSequential(_net(seed=rank, native=native), config)
+    step = ddp.compile(native=True) if native else ddp.compile(backend="aot_eager")
+    reference = _net(seed=0, native=native)
     worst = 0.0
     for k, sizes in enumerate(SIZES):
         x, y = _batch(k, sum(sizes))
@@ -51,13 +54,16 @@ def _compiled_world(rank: int, world_size: int) -> dict:
         worst = max(worst, (ddp.model.flat_params - reference.flat_params).abs().max().item())
     ddp.check_replicas()
     return dict(worst=worst, compiled=step.compiled_steps, eager=step.eager_steps,
-                fallback=step.fallback_reason, fingerprint=ddp.params_fingerprint())
+                fallback=step.fallback_reason, fingerprint=ddp.params_fingerprint(),
+                native=bool(step._natives))
 
 
-def test_compiled_ddp_step_equals_one_process_on_the_global_batch():
-    results = run_world(_compiled_world, world_size=2, timeout_s=180)
+@pytest.mark.parametrize("native", [False, True], ids=["traced", "native"])
+def test_compiled_ddp_step_equals_one_process_on_the_global_batch(native):
+    results = run_world(_compiled_world, native, world_size=2, timeout_s=180)
     for r in results:
         assert r["fallback"] is None
         assert r["worst"] < 1e-12, r["worst"]
     assert [r["compiled"] for r in results] == [3, 3]  # steps 2-4; the rest eager
     assert results[0]["fingerprint"] == results[1]["fingerprint"]
+    assert [r["native"] for r in results] == [native, native]

@@ -43,11 +43,11 @@ def _eager_step(net, x, y, var_y, update, idx=None):
 
 
 def _run(build, x_shape, out, *, update="plain", backend="aot_eager", dtype=F64, steps=4,
-         x_maker=None):
+         x_maker=None, native=None):
     """Steps both networks on the same batches; σ_v² changes at every step. Returns (eager,
     compiled network, the CompiledStep)."""
     eager, net = _pair(build, dtype)
-    step = net.compile(update, backend=backend)
+    step = net.compile(update, backend=backend, native=native)
     g = torch.Generator().manual_seed(1)
     for k in range(steps):
         x = x_maker(g) if x_maker else torch.randn(*x_shape, generator=g, dtype=dtype)
@@ -205,7 +205,7 @@ def test_inductor_lstm_step_equals_eager_in_float32():
     """The generated code (inductor), on pytagi's LSTM example network made small."""
     build, x_shape, out, *_ = FAMILIES["lstm"]
     eager, net, step = _run(build, x_shape, out, backend="inductor", dtype=torch.float32,
-                            steps=3)
+                            steps=3, native=False)
     assert step.fallback_reason is None and step.compiled_steps == 2
     _assert_same(eager, net, 1e-6)
 
@@ -232,3 +232,112 @@ def test_learner_compile_trains_like_eager():
                                   torch.as_tensor(want[key], dtype=F64), rtol=1e-12), key
     assert learners[1].compiled is not None and learners[1].compiled.compiled_steps == 2
     _assert_same(learners[0].model, learners[1].model)
+
+
+# ---------------------------------------------------------------------- the native step
+NATIVE = {  # the stacks the native library steps: LSTM and Linear layers
+    "lstm": FAMILIES["lstm"][:3],
+    "lstm linear stack": (lambda: tagi.Sequential(
+        tagi.LSTM(2, 8, 5), tagi.LSTM(8, 6, 5, bias=False), tagi.Linear(30, 3),
+        tagi.Linear(3, 2, bias=False)), (4, 10), 2),
+    "linear": (lambda: tagi.Sequential(tagi.Linear(6, 16), tagi.Linear(16, 7)), (8, 6), 7),
+}
+
+
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float32, 1e-6)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("family", list(NATIVE))
+def test_native_step_equals_eager(family, dtype, tol):
+    """The native library's step gives the eager loop's parameters: σ_v² changing per step, a
+    NaN target (no update from it) and, for the last steps, a per-output var_y tensor."""
+    build, x_shape, out = NATIVE[family]
+    eager, net = _pair(build, dtype)
+    step = net.compile(native=True)
+    g = torch.Generator().manual_seed(1)
+    for k in range(5):
+        x = torch.randn(*x_shape, generator=g, dtype=dtype)
+        y = torch.randn(x_shape[0], out, generator=g, dtype=dtype)
+        y[0, 0] = float("nan") if k == 2 else y[0, 0]
+        var_y = (0.1, 1.0, 0.3)[k % 3] if k < 3 else torch.rand(x_shape[0], out, generator=g,
+                                                                 dtype=dtype) + 0.05
+        _eager_step(eager, x, y, var_y, "plain")
+        mu, var = step(x, y, var_y)
+        if k:  # what the step returns and leaves on the network: the eager forward's
+            assert mu.shape == eager.output_z_buffer.mu_a.shape
+            assert torch.allclose(var, eager.output_z_buffer.var_a, rtol=tol)
+    assert step.fallback_reason is None and list(step._natives) == [x_shape[0]]
+    assert step.compiled_steps == 4 and step.eager_steps == 1
+    eager._probe = x
+    _assert_same(eager, net, tol)
+
+
+def test_native_step_checks_inputs_and_states_like_eager():
+    """A non-finite input fails as in eager, before anything is written; states set by
+    set_lstm_states (not zero) are the eager loop's to step; `to()` plans anew."""
+    build, x_shape, out = NATIVE["lstm"]
+    eager, net = _pair(build)
+    step = net.compile(native=True)
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(*x_shape, generator=g, dtype=F64),
+                torch.randn(5, out, generator=g, dtype=F64)) for _ in range(6)]
+    for x, y in batches[:3]:
+        _eager_step(eager, x, y, 0.2, "plain")
+        step(x, y, 0.2)
+    before = net.flat_params.clone()
+    bad = batches[3][0].clone()
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match="inf"):
+        step(bad, batches[3][1], 0.2)
+    assert torch.equal(net.flat_params, before)
+    states = [torch.rand(5, 3, 4, generator=g, dtype=F64) for _ in range(4)]
+    for model in (eager, net):
+        model.layers[0].set_lstm_states(*states)
+    compiled = step.compiled_steps
+    for x, y in batches[3:5]:
+        _eager_step(eager, x, y, 0.2, "plain")
+        step(x, y, 0.2)
+    assert step.compiled_steps == compiled and step.fallback_reason is None
+    _assert_same(eager, net)
+    for model in (eager, net):
+        model.reset_lstm_states()
+        model.to(torch.float32)
+    x, y = (t.float() for t in batches[5])
+    _eager_step(eager, x, y, 0.2, "plain")
+    step(x, y, 0.2)
+    assert step.compiled_steps == compiled + 1
+    _assert_same(eager, net, 1e-6)
+
+
+def test_native_step_leaves_other_networks_to_the_program(caplog):
+    """`native=True` on a network it does not do steps eagerly after one line; `native=None`
+    leaves it to inductor's program, saying why at INFO."""
+    build, x_shape, out, *_ = FAMILIES["linear hrc"]  # a ReLU between the layers
+    with caplog.at_level(logging.INFO, logger=compiled_module.__name__):
+        eager, net, step = _run(build, x_shape, out, native=True, steps=3, update="plain")
+        assert "(not ReLU)" in step.fallback_reason and step.compiled_steps == 0
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "stepping eagerly" in lines[0]
+        _assert_same(eager, net)
+        caplog.clear()
+        auto = net.compile()  # inductor, native where it applies
+        assert auto._native_step(8) is None and auto._native_off
+        assert [r.levelname for r in caplog.records] == ["INFO"]
+
+
+def test_native_library_is_built_once_and_cached(tmp_path, monkeypatch):
+    """The library is built into the cache at first use and loaded from it after; a machine
+    without a working compiler gets a reason, not an exception out of the step."""
+    from dptrain.tagi import native
+    monkeypatch.setenv("DPTRAIN_NATIVE_CACHE", str(tmp_path))
+    built = native._build()
+    assert built.parent == tmp_path and built.suffix == ".so"
+    stamp = built.stat().st_mtime_ns
+    assert native._build() == built and built.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [built.name]  # no partial files left
+    monkeypatch.setenv("DPTRAIN_NATIVE_CACHE", str(tmp_path / "other"))
+    monkeypatch.setenv("CC", "false")
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native.shutil, "which",
+                        lambda name: "/bin/false" if name == "false" else None)
+    with pytest.raises(native.NotNative, match="could not be built"):
+        native.library()

@@ -49,9 +49,11 @@ FUSED_MATMUL_MACS = 32768
 SINGLE_THREAD_WORK = 1_000_000
 
 #: With `native=None`, a network the native step does (LSTM and Linear stacks, plain update,
-#: CPU) takes it when its parameters × batch size is at most this; larger ones take inductor's
-#: program, whose products are BLAS calls (bench/tagi_compiled_step.py, the native rows).
-NATIVE_WORK = 100_000
+#: CPU) takes it when its parameters × batch size is at most this divided by torch's thread
+#: count; larger ones take inductor's program, whose products are multithreaded BLAS calls.
+#: On 2 cores (bench/tagi_compiled_step.py --native) the native step was 3.3x inductor's at
+#: 0.2 M (the LSTM example at batch 256), 1.1x at 1.7 M and 0.75x at 6.6 M.
+NATIVE_WORK = 4_000_000
 
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
 #: .update_heteros.
@@ -136,7 +138,7 @@ class CompiledStep:
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
             if natively and net.check_inputs:
-                as_input(mu_x, None, net.dtype, net.device, True)
+                as_input(mu_x, None, net.dtype, net.device, True, allow_empty=True)
             return self._eager_step(mu_x, y, var_y, selected_idx)
         y, noise, idx = self._checked_targets(y, var_y, selected_idx)
         native = self._native_step(mu_x.shape[0])
@@ -144,7 +146,7 @@ class CompiledStep:
             return self._native_call(native, mu_x, y, noise, var_y,
                                      net.check_inputs and natively)
         if natively and net.check_inputs:
-            as_input(mu_x, None, net.dtype, net.device, True)
+            as_input(mu_x, None, net.dtype, net.device, True, allow_empty=True)
         if self.fallback_reason is not None:  # native=True, and the network is not native
             return self._eager_step(mu_x, y, var_y, selected_idx)
         shapes = (mu_x.shape, y.shape, None if idx is None else idx.shape, noise.shape)
@@ -178,8 +180,8 @@ class CompiledStep:
         found = self._natives.get(batch)
         if found is not None and found.current():
             return found
-        if self.native is None and \
-                self.net.flat_params.shape[-1] * batch > NATIVE_WORK:
+        if self.native is None and self.net.flat_params.shape[-1] * batch > \
+                NATIVE_WORK / torch.get_num_threads():
             return None
         try:
             found = self._natives[batch] = native_module.NativeStep(self.net, batch,

@@ -321,12 +321,13 @@ class DDPSequential:
             self.model.cap_batch_size = saved
 
     def compile(self, update: str = "plain", backend: str = "inductor",
-                mode: str | None = None) -> CompiledStep:
-        """The model's step as one compiled program (`Sequential.compile`), the all-reduce
-        outside it, between the deltas and the capped step: collectives are not traceable.
-        A step the program does not take (another batch shape, an uncapturable network) is
-        this wrapper's eager loop, so every rank joins the same collectives either way."""
-        return CompiledStep(self.model, update, backend=backend, mode=mode,
+                mode: str | None = None, native: bool | None = None) -> CompiledStep:
+        """The model's step as one compiled program (`Sequential.compile`; `native` as there),
+        the all-reduce outside it, between the deltas and the capped step: collectives are
+        not traceable. A step the program does not take (another batch shape, an
+        uncapturable network) is this wrapper's eager loop, so every rank joins the same
+        collectives either way."""
+        return CompiledStep(self.model, update, backend=backend, mode=mode, native=native,
                             reduce=self._reduce_deltas, eager=self)
 
     def _reduce_deltas(self) -> int:

@@ -256,7 +256,7 @@ class NativeStep:
         if self.fn(self.plan_ptr, args[0], int(check_x), *args[1:]):
             # the sum is not finite: the eager check finds the value and says where (or,
             # for a finite sum that overflowed, passes, and the step runs unchecked)
-            as_input(x, None, x.dtype, x.device, True)
+            as_input(x, None, x.dtype, x.device, True, allow_empty=True)
             self.fn(self.plan_ptr, args[0], 0, *args[1:])
         # the parameters were written behind torch's back: bump their write counter (the
         # layers' weight caches are keyed on it)

@@ -341,13 +341,15 @@ class Sequential(Layer):
             pack.step(cap_factor(batch))
 
     def compile(self, update: str = "plain", backend: str = "inductor",
-                mode: str | None = None) -> CompiledStep:
+                mode: str | None = None, native: bool | None = None) -> CompiledStep:
         """The training step as one compiled call: `step = net.compile()`, then per batch
         `mu, var = step(x, y, var_y)` does forward, update ("plain", "indices" with
         `selected_idx=`, or "heteros"), backward and step, with the same parameters as the
         eager loop (docs/tagi.md, Compiled step). Falls back to eager, with one log line, for
-        a network it cannot capture. `mode="reduce-overhead"` replays it as a CUDA graph."""
-        return CompiledStep(self, update, backend=backend, mode=mode)
+        a network it cannot capture. `mode="reduce-overhead"` replays it as a CUDA graph.
+        `native`: a stack of LSTM and Linear layers steps through the native library where
+        it is measured faster (None), wherever it can (True), or never (False)."""
+        return CompiledStep(self, update, backend=backend, mode=mode, native=native)
 
     # ------------------------------------------------------------------ modes, devices, state
     def to(self, *args: torch.device | str | torch.dtype, device: torch.device | str | None = None,
