@@ -73,6 +73,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     mus, variances = [], []
+    batch = min(batch, len(x_test))  # (a batch larger than the test part: one batch of it)
     for i in range(0, len(x_test) - batch + 1, batch):
         mu, var = net(x_test[i:i + batch].reshape(-1))
         mus.append(np.asarray(mu)[:batch])

@@ -144,6 +144,7 @@ def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray]
         seconds, cpu_seconds = (seconds - compiling) * scale, (cpu_seconds - cpu_compiling) * scale
     CPU_SECONDS["dptrain"].append(cpu_seconds)
     mus, variances = [], []
+    batch = min(batch, len(x_test))  # (a batch larger than the test part: one batch of it)
     for i in range(0, len(x_test) - batch + 1, batch):
         mu, var = net(x_test[i:i + batch])
         mus.append(mu.reshape(-1).numpy())

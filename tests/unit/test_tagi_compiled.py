@@ -101,6 +101,10 @@ FAMILIES = {
     "evenexp heteros": (lambda: tagi.Sequential(tagi.Linear(1, 8), tagi.ReLU(),
                                                 tagi.Linear(8, 2), tagi.EvenExp()),
                         (10, 1), 2, "heteros", None),
+    # the ids' value checks run before the program (Layer.check_values)
+    "embedding": (lambda: tagi.Sequential(tagi.Embedding(5, 3, input_size=2),
+                                          tagi.Linear(6, 2)), None, 2, "plain",
+                  lambda g: torch.randint(0, 5, (4, 2), generator=g).to(F64)),
 }
 
 
@@ -167,12 +171,9 @@ def test_small_step_program_is_made_and_run_on_one_thread():
         torch.set_num_threads(saved)
 
 
-EAGER_ONLY = {  # the id check reads values on the host; running statistics stay eager
+EAGER_ONLY = {  # running statistics stay eager
     "batchnorm": (lambda: tagi.Sequential(tagi.Linear(4, 8), tagi.BatchNorm2d(8), tagi.ReLU(),
                                           tagi.Linear(8, 1)), (6, 4), 1, "plain", None),
-    "embedding": (lambda: tagi.Sequential(tagi.Embedding(5, 3, input_size=2),
-                                          tagi.Linear(6, 2)), None, 2, "plain",
-                  lambda g: torch.randint(0, 5, (4, 2), generator=g).to(F64)),
 }
 
 
@@ -198,6 +199,16 @@ def test_bad_inputs_fail_as_in_eager():
     x[0, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN|nan"):
         step(x, y, 0.1, torch.ones(8, 2, dtype=torch.long))
+
+
+def test_embedding_ids_are_checked_before_the_program():
+    build, _, out, update, x_maker = FAMILIES["embedding"]
+    _, net, step = _run(build, None, out, update=update, x_maker=x_maker, steps=3)
+    assert step.compiled_steps == 2
+    before = net.flat_params.clone()
+    with pytest.raises(ValueError, match="id 7.0 at index"):
+        step(torch.tensor([[1.0, 7.0]] * 4, dtype=F64), torch.zeros(4, 2, dtype=F64), 0.1)
+    assert torch.equal(net.flat_params, before)
 
 
 @pytest.mark.slow

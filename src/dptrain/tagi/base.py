@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -207,6 +207,11 @@ class Layer:
 
     def clear_cache(self) -> None:
         """Drop what the last training forward stored for backward (after a device change)."""
+
+    def check_values(self, states: Any) -> None:
+        """Check what the forward checks by reading values on the host (the network input of a
+        first layer), raising its ValueError. A compiled step calls it before the program,
+        whose traced forward cannot read values; the eager forward checks them itself."""
 
     def drop_forward(self) -> None:
         """Drop what the last training forward stored for backward, this layer's own (a

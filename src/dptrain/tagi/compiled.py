@@ -11,6 +11,11 @@ a data-parallel global batch is an input, not a constant), and a batch of anothe
 short last batch: stepped eagerly, the same math). A network the tracer cannot capture
 (BatchNorm's host-side counters, for one) is stepped eagerly from then on, after one log line
 saying why. The first step is eager too: it fixes the output shape the update checks against.
+
+A stack of LSTM and Linear layers with the plain update on the CPU is stepped by the native
+library instead (native.py): the same math as loops over buffers allocated once, without the
+generated program's allocations and Python wrappers, which were most of its time at pytagi's
+batches.
 """
 
 from __future__ import annotations
@@ -152,6 +157,7 @@ class CompiledStep:
         shapes = (mu_x.shape, y.shape, None if idx is None else idx.shape, noise.shape)
         if self._shapes is not None and shapes != self._shapes:
             return self._eager_step(mu_x, y, var_y, selected_idx)
+        self._layers[0].check_values(HiddenStates(mu_x, None, None))  # e.g. Embedding ids
         inputs = (mu_x, y, noise, idx, self._cap(mu_x.shape[0]))
         try:
             mu, var = self._run(shapes, inputs)

@@ -69,6 +69,14 @@ class Embedding(ParamLayer):
             width = self.input_size or "N"
             raise ValueError(f"{self.label}: expected ids of shape (batch, {width}), got "
                              f"{tuple(ids.shape)}")
+        if torch.compiler.is_compiling():  # checked before the program (check_values)
+            return ids
+        self.check_values(states)
+        return ids
+
+    def check_values(self, states: HiddenStates) -> None:
+        """The ids are exact whole numbers in range (read on the host)."""
+        ids = states.mu_a
         if states.var_a is not None and bool((states.var_a != 0).any()):
             raise ValueError(f"{self.label}: ids must be known exactly (variance 0); an "
                              f"Embedding takes the network input, not an uncertain state")
@@ -79,7 +87,6 @@ class Embedding(ParamLayer):
             where = tuple((~valid).nonzero()[0].tolist())
             raise ValueError(f"{self.label}: id {ids[where].item()!r} at index {where} is not a "
                              f"whole number in [0, {self.num_embeddings})")
-        return ids
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         ids = self._checked_ids(states)  # (B, N)
