@@ -146,7 +146,8 @@ def test_compiled_lstm_figures_are_its_json():
     _in_readme(f"test RMSE {ours['rmse']:.4f}, the eager run's")
     _in_readme(f"at {_rate(ours['samples_per_s'])} samples/s against pytagi's "
                f"{_rate(theirs['samples_per_s'])} in the same run: "
-               f"**{record['speed_ratio']:.2f}x, target 2x not met**; per CPU second of each "
+               f"**{record['speed_ratio']:.2f}x, target 2x "
+               f"{'met' if record['speed_ratio'] >= 2 else 'not met'}**; per CPU second of each "
                f"library's training process {record['cpu_speed_ratio']:.2f}x "
                f"({_rate(ours['cpu_samples_per_s'])} against "
                f"{_rate(theirs['cpu_samples_per_s'])} samples per CPU second")
@@ -161,12 +162,14 @@ def test_compiled_fnn_figures_are_its_json():
                "fastest repeat)")
 
 
-def test_compiled_lstm_batch_64_figures_are_its_json():
-    record = _load("tagi_lstm_vs_pytagi_b64_compiled.json")
-    ours, theirs = record["summary"]["dptrain"], record["summary"]["pytagi"]
-    _in_readme(f"the compiled step trains at {_rate(ours['samples_per_s'])} samples/s against "
-               f"pytagi's {_rate(theirs['samples_per_s'])}, **{record['speed_ratio']:.2f}x**, "
-               f"and {record['cpu_speed_ratio']:.2f}x per CPU second")
+def test_compiled_lstm_batch_64_and_256_figures_are_their_json():
+    for name, lead in (("tagi_lstm_vs_pytagi_b64_compiled.json", "the compiled step trains at"),
+                       ("tagi_lstm_vs_pytagi_b256_compiled.json", "as one batch), at")):
+        record = _load(name)
+        ours, theirs = record["summary"]["dptrain"], record["summary"]["pytagi"]
+        _in_readme(f"{lead} {_rate(ours['samples_per_s'])} samples/s against pytagi's "
+                   f"{_rate(theirs['samples_per_s'])}, **{record['speed_ratio']:.2f}x**, "
+                   f"and {record['cpu_speed_ratio']:.2f}x per CPU second")
 
 
 def test_compiled_fnn_one_thread_figures_are_their_json():

@@ -101,6 +101,12 @@ FAMILIES = {
     "evenexp heteros": (lambda: tagi.Sequential(tagi.Linear(1, 8), tagi.ReLU(),
                                                 tagi.Linear(8, 2), tagi.EvenExp()),
                         (10, 1), 2, "heteros", None),
+    # running statistics updated inside the program (the first batch sets them)
+    "batchnorm": (lambda: tagi.Sequential(tagi.Linear(4, 8), tagi.BatchNorm2d(8), tagi.ReLU(),
+                                          tagi.Linear(8, 1)), (6, 4), 1, "plain", None),
+    "batchnorm conv": (lambda: tagi.Sequential(
+        tagi.Conv2d(2, 3, 3, padding=1, in_width=5, in_height=5), tagi.BatchNorm2d(3),
+        tagi.ReLU(), tagi.Linear(75, 2)), (4, 2, 5, 5), 2, "plain", None),
     # the ids' value checks run before the program (Layer.check_values)
     "embedding": (lambda: tagi.Sequential(tagi.Embedding(5, 3, input_size=2),
                                           tagi.Linear(6, 2)), None, 2, "plain",
@@ -171,10 +177,19 @@ def test_small_step_program_is_made_and_run_on_one_thread():
         torch.set_num_threads(saved)
 
 
-EAGER_ONLY = {  # running statistics stay eager
-    "batchnorm": (lambda: tagi.Sequential(tagi.Linear(4, 8), tagi.BatchNorm2d(8), tagi.ReLU(),
-                                          tagi.Linear(8, 1)), (6, 4), 1, "plain", None),
+EAGER_ONLY = {  # a statistics all-reduce inside the forward (sync_batchnorm) is not traceable
+    "synced batchnorm": (lambda: _synced(tagi.Sequential(
+        tagi.Linear(4, 8), tagi.BatchNorm2d(8), tagi.ReLU(), tagi.Linear(8, 1))), (6, 4), 1,
+        "plain", None),
 }
+
+
+def _synced(net):
+    """`net` with its BatchNorm's statistics gathered as a one-rank world would (the rank's own
+    (n, mean, M2), stacked): what DDPSequential(sync_batchnorm=True) sets."""
+    for _, layer in net.named_stateful():
+        layer.stats_gather = lambda local: local.unsqueeze(0)
+    return net
 
 
 @pytest.mark.parametrize("family", list(EAGER_ONLY))
@@ -352,3 +367,26 @@ def test_native_library_is_built_once_and_cached(tmp_path, monkeypatch):
                         lambda name: "/bin/false" if name == "false" else None)
     with pytest.raises(native.NotNative, match="could not be built"):
         native.library()
+
+
+def test_learner_compile_steps_an_lstm_natively():
+    """`--compile` on a forecasting network (LSTM and Linear): TagiLearner's steps through the
+    native library give the eager learner's parameters and metrics (float64)."""
+    learners = []
+    for compile in (False, True):
+        tagi.manual_seed(0)
+        net = tagi.Sequential(tagi.LSTM(2, 6, 4), tagi.Linear(24, 1), dtype=F64)
+        learner = TagiLearner(net, task="regression", sigma_v=0.2, compile=compile)
+        learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+        learners.append(learner)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x, y = torch.randn(5, 4, 2, generator=g, dtype=F64), torch.randn(5, 1, generator=g,
+                                                                         dtype=F64)
+        want, got = (learner.train_step((x, y)) for learner in learners)
+        for key in want:
+            assert torch.allclose(torch.as_tensor(got[key], dtype=F64),
+                                  torch.as_tensor(want[key], dtype=F64), rtol=1e-12), key
+    compiled = learners[1].compiled
+    assert compiled is not None and compiled.compiled_steps == 2 and list(compiled._natives)
+    _assert_same(learners[0].model, learners[1].model)

@@ -122,9 +122,10 @@ class CompiledStep:
             update != "plain" or backend != "inductor" or mode is not None))
         self._layers = list(net.descendants())
         self._cached = [layer for layer in self._layers if hasattr(layer, "_weight_cache")]
-        stateful = [path for path, _ in net.named_stateful()]
-        if stateful:  # traced, the running counters' in-place updates came out wrong
-            self._give_up(f"running statistics of layer {', '.join(stateful)} are kept eager")
+        synced = [path for path, layer in net.named_stateful()
+                  if getattr(layer, "stats_gather", None) is not None]
+        if synced:  # a collective inside the forward: not traceable
+            self._give_up(f"layer {', '.join(synced)} synchronises its batch statistics")
 
     # ------------------------------------------------------------------ one step
     def __call__(self, x: Any, y: Any, var_y: Any = 0.0,

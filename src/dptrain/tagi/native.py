@@ -68,11 +68,11 @@ def library() -> ctypes.CDLL:
 
 
 def _compiler() -> str:
-    for name in (os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split()[:1],
-                 "cc", "gcc"):
-        name = name[0] if isinstance(name, list) and name else name
-        if name and shutil.which(name):
-            return shutil.which(name)  # type: ignore[return-value]
+    python_cc = (sysconfig.get_config_var("CC") or "").split()[:1]  # e.g. "gcc -pthread"
+    for name in (os.environ.get("CC"), *python_cc, "cc", "gcc"):
+        path = shutil.which(name) if name else None
+        if path:
+            return path
     raise OSError("no C compiler found (set CC)")
 
 
@@ -108,13 +108,24 @@ def _build() -> Path:
     target = cache_dir() / f"tagi_step-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(target.parent)
+    except OSError:  # a read-only home: this machine's temporary directory, per user
+        fallback = Path(tempfile.gettempdir()) / f"dptrain-native-{os.getuid()}"
+        log.info("native: %s is not writable; building in %s", target.parent, fallback)
+        target = fallback / target.name
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = []
-        for real, suffix, kind in (("float", "_f32", "FLOAT"), ("double", "_f64", "DOUBLE")):
+        for real, suffix in (("float", "_f32"), ("double", "_f64")):
             obj = Path(tmp) / f"step{suffix}.o"
-            _run_compiler([cc, *flags, f"-DREAL={real}", f"-DSUFFIX={suffix}", f"-DREAL_IS_{kind}", "-c",
-                           str(SOURCE), "-o", str(obj)], flags)
+            _run_compiler([cc, *flags, f"-DREAL={real}", f"-DSUFFIX={suffix}",
+                           f"-DREAL_IS_{real.upper()}", "-c", str(SOURCE), "-o", str(obj)],
+                          flags)
             objects.append(str(obj))
         partial = Path(tmp) / target.name
         _run_compiler([cc, "-shared", *objects, "-o", str(partial), "-lm"], [])
@@ -181,7 +192,6 @@ class NativeStep:
             raise NotNative("an LSTM carrying its states (seq_len 1, batch 1) is stepped by "
                             "the traced program")
         real, suffix = _REALS[net.dtype]
-        self.real = real
         self.fn = getattr(lib, f"tagi_step{suffix}")
         self.fn.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64

@@ -194,6 +194,12 @@ class BatchNorm2d(_Norm):
         c = self.num_features
         return [("mu_ra", (c,)), ("var_ra", (c,)), ("num_batches_tracked", ())]
 
+    def drop_forward(self) -> None:
+        """Also the batch statistics kept for inspection (`mu_norm_batch`, `var_norm_batch`):
+        a compiled step then leaves this layer's Python state as it found it."""
+        super().drop_forward()
+        self.mu_norm_batch = self.var_norm_batch = None
+
     def _check_input(self, mu_a: torch.Tensor) -> int:
         rank = mu_a.dim()
         if rank not in (2, 4) or mu_a.shape[1] != self.num_features:
@@ -237,6 +243,16 @@ class BatchNorm2d(_Norm):
 
     def _update_running(self, mean: torch.Tensor, var: torch.Tensor) -> None:
         # In place: the running statistics are views of the network's flat state buffer.
+        if torch.compiler.is_compiling():  # traced: the first-batch test without a host read
+            # (as a (1,) view: torch.compile drops in-place writes to a 0-dim view of a
+            # buffer, torch 2.13)
+            counter = self.num_batches_tracked.view(1)
+            first = counter == 0
+            for running, batch in ((self.mu_ra, mean), (self.var_ra, var)):
+                running.copy_(torch.where(first, batch,
+                                          running * self.momentum + batch * (1.0 - self.momentum)))
+            counter.add_(1)
+            return
         if self.num_batches_tracked.item() == 0:  # the first batch sets them (pytagi)
             self.mu_ra.copy_(mean)
             self.var_ra.copy_(var)
