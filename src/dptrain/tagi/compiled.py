@@ -54,11 +54,13 @@ FUSED_MATMUL_MACS = 32768
 SINGLE_THREAD_WORK = 1_000_000
 
 #: With `native=None`, a network the native step does (LSTM and Linear stacks, plain update,
-#: CPU) takes it when its parameters × batch size is at most this divided by torch's thread
-#: count; larger ones take inductor's program, whose products are multithreaded BLAS calls.
-#: On 2 cores (bench/tagi_compiled_step.py --native) the native step was 3.3x inductor's at
-#: 0.2 M (the LSTM example at batch 256), 1.1x at 1.7 M and 0.75x at 6.6 M.
-NATIVE_WORK = 4_000_000
+#: CPU) takes it on one thread whatever its size, and on more when its parameters × batch size
+#: × torch's thread count is at most this: the library runs on one thread, inductor's larger
+#: products are multithreaded BLAS calls. Measured (bench/tagi_compiled_step.py --native): on
+#: one thread the native step was 5.2x inductor's program on the LSTM example at batch 5 and
+#: 1.4x on a two-layer LSTM of 64 at batch 128 (6.6·10⁶); on 2 threads 3.8x at 0.2·10⁶ (the example
+#: at batch 256), 0.91x at 1.7·10⁶ and 0.77x at 6.6·10⁶.
+NATIVE_WORK = 3_000_000
 
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
 #: .update_heteros.
@@ -187,8 +189,9 @@ class CompiledStep:
         found = self._natives.get(batch)
         if found is not None and found.current():
             return found
-        if self.native is None and self.net.flat_params.shape[-1] * batch > \
-                NATIVE_WORK / torch.get_num_threads():
+        threads = torch.get_num_threads()
+        if self.native is None and threads > 1 and \
+                self.net.flat_params.shape[-1] * batch * threads > NATIVE_WORK:
             return None
         try:
             found = self._natives[batch] = native_module.NativeStep(self.net, batch,
