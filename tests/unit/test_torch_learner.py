@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 
 import pytest
 import torch
@@ -377,3 +378,25 @@ def test_compile_trains_like_eager(runtime):
     assert eager.keys() == compiled.keys()
     assert _max_diff(eager, compiled) < 1e-5
     assert learners[1]._compile_checked and learners[1]._train_forward is not learners[1]._wrapped
+
+
+def test_compile_refused_trains_eagerly_after_one_line(runtime, tmp_path, monkeypatch, caplog):
+    """A compiler that fails (here inductor's C++ compiler, a real build failure in a fresh
+    cache) switches the training forward to eager at the first step, with one warning line,
+    and the learner trains as the eager one does."""
+    import torch._inductor.config as inductor_config
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    learners = [_ready(runtime, _classifier(), nn.CrossEntropyLoss(), compile=compile)
+                for compile in (False, True)]
+    with inductor_config.patch({"cpp.cxx": (None, "false")}), \
+            caplog.at_level(logging.WARNING, logger="dptrain.learners.torch_learner"):
+        for step in range(2):
+            want, got = (learner.train_step(_labels(16, seed=step)) for learner in learners)
+            for key in want:
+                assert got[key][0] == pytest.approx(want[key][0], rel=1e-6), key
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "training eagerly" in lines[0] and "\n" not in lines[0]
+    assert learners[1]._train_forward is learners[1]._wrapped
+    assert _max_diff(learners[0].model_state_dict(), learners[1].model_state_dict()) == 0.0
+    torch._dynamo.reset()
