@@ -318,6 +318,9 @@ def test_native_step_checks_inputs_and_states_like_eager():
     states = [torch.rand(5, 3, 4, generator=g, dtype=F64) for _ in range(4)]
     for model in (eager, net):
         model.layers[0].set_lstm_states(*states)
+    with pytest.raises(ValueError, match="inf"):  # checked on the eager path too
+        step(bad, batches[3][1], 0.2)
+    assert torch.equal(net.flat_params, before)
     compiled = step.compiled_steps
     for x, y in batches[3:5]:
         _eager_step(eager, x, y, 0.2, "plain")

@@ -8,9 +8,9 @@ traces forward moments, the output update, the backward deltas and the capped st
 What stays outside the program, so that it is never recompiled for them: the input checks (the
 same as eager), σ_v² and the cap factor (passed in as 0-dim tensors, so a new epoch's σ_v or
 a data-parallel global batch is an input, not a constant), and a batch of another shape (a
-short last batch: stepped eagerly, the same math). A network the tracer cannot capture
-(BatchNorm's host-side counters, for one) is stepped eagerly from then on, after one log line
-saying why. The first step is eager too: it fixes the output shape the update checks against.
+short last batch: stepped eagerly, the same math). A network the tracer cannot capture (a
+BatchNorm that synchronises its statistics across ranks, for one) is stepped eagerly from then
+on, after one log line saying why. The first step is eager too: it fixes the output shape the update checks against.
 
 A stack of LSTM and Linear layers with the plain update on the CPU is stepped by the native
 library instead (native.py): the same math as loops over buffers allocated once, without the
@@ -138,23 +138,21 @@ class CompiledStep:
         if (self.update == "indices") != (selected_idx is not None):
             raise ValueError(f"compiled step with update={self.update!r}: selected_idx is "
                              f"{'required' if self.update == 'indices' else 'not used'}")
-        # a native step checks that x is finite inside its call (the same check, cheaper)
-        natively = bool(self._natives) and self.fallback_reason is None
-        mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs and not natively,
+        # once a native step exists, the check that x is finite is left to its call (the
+        # same check, cheaper); an eager step makes it in its forward, the traced program's
+        # path below (`_check_deferred`)
+        deferred = net.check_inputs and bool(self._natives) and self.fallback_reason is None
+        mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs and not deferred,
                            net.input_sample_shape(),
                            allow_empty=net.allow_empty_batch or self._reduce is not None)
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
-            if natively and net.check_inputs:
-                as_input(mu_x, None, net.dtype, net.device, True, allow_empty=True)
             return self._eager_step(mu_x, y, var_y, selected_idx)
         y, noise, idx = self._checked_targets(y, var_y, selected_idx)
         native = self._native_step(mu_x.shape[0])
         if native is not None:
-            return self._native_call(native, mu_x, y, noise, var_y,
-                                     net.check_inputs and natively)
-        if natively and net.check_inputs:
-            as_input(mu_x, None, net.dtype, net.device, True, allow_empty=True)
+            return self._native_call(native, mu_x, y, noise, var_y, deferred)
+        self._check_deferred(mu_x, deferred)
         if self.fallback_reason is not None:  # native=True, and the network is not native
             return self._eager_step(mu_x, y, var_y, selected_idx)
         shapes = (mu_x.shape, y.shape, None if idx is None else idx.shape, noise.shape)
@@ -204,6 +202,12 @@ class CompiledStep:
             self._native_off = True
             return None
         return found
+
+    def _check_deferred(self, mu_x: torch.Tensor, deferred: bool) -> None:
+        """The eager input check (x finite), where `__call__` left it to a native call and
+        the traced program steps instead."""
+        if deferred:
+            as_input(mu_x, None, self.net.dtype, self.net.device, True, allow_empty=True)
 
     def _native_call(self, native: native_module.NativeStep, mu_x: torch.Tensor,
                      y: torch.Tensor, noise: torch.Tensor, var_y: Any, check_x: bool
