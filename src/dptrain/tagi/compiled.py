@@ -145,6 +145,8 @@ class CompiledStep:
         mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs and not deferred,
                            net.input_sample_shape(),
                            allow_empty=net.allow_empty_batch or self._reduce is not None)
+        if self._out_shape is None and mu_x.shape[0] and not self._native_off:
+            self._first_native(mu_x.shape[0])
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
             return self._eager_step(mu_x, y, var_y, selected_idx)
@@ -178,6 +180,17 @@ class CompiledStep:
         return mu, var
 
     step = __call__
+
+    def _first_native(self, batch: int) -> None:
+        """A network the native step takes from its first step: the output shape the update
+        checks against comes from its layers, not from a first eager step (so every step of a
+        run, resumed or not, is the native one)."""
+        shape = native_module.output_shape(self.net, batch)
+        if shape is None:
+            return
+        self._out_shape = torch.Size(shape)
+        if self._native_step(batch) is None:  # the program's, after an eager first step
+            self._out_shape = None
 
     def _native_step(self, batch: int) -> native_module.NativeStep | None:
         """The native step for this batch size, made at its first use; None where the traced

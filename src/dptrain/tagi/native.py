@@ -169,6 +169,19 @@ def check_network(net: Any) -> None:
         width = outputs
 
 
+def output_shape(net: Any, batch: int) -> tuple[int, ...] | None:
+    """The shape of the eager forward's output for a network the native step does (None for
+    any other): (B, T, O) after an LSTM, (B, O) after a Linear."""
+    try:
+        check_network(net)
+    except NotNative:
+        return None
+    last = net.layers[-1]
+    if isinstance(last, LSTM):
+        return (batch, last.seq_len, last.output_size)
+    return (batch, last.output_size)
+
+
 def _widths(layer: Any) -> tuple[int, int]:
     if isinstance(layer, LSTM):
         return layer.seq_len * layer.input_size, layer.seq_len * layer.output_size
