@@ -393,3 +393,18 @@ def test_learner_compile_steps_an_lstm_natively():
     compiled = learners[1].compiled
     assert compiled is not None and compiled.compiled_steps == 3 and list(compiled._natives)
     _assert_same(learners[0].model, learners[1].model)
+
+
+def test_learner_compile_auto_is_native_where_it_applies():
+    """The main job's default (`compile` auto): the native step for an LSTM and Linear stack,
+    eager for the networks it does not do (no minute-long torch.compile unasked)."""
+    runtime = Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60))
+    for net, native in ((tagi.Sequential(tagi.LSTM(2, 6, 4), tagi.Linear(24, 1)), True),
+                        (tagi.Sequential(tagi.Linear(8, 6), tagi.ReLU(), tagi.Linear(6, 1)),
+                         False)):
+        learner = TagiLearner(net, task="regression", sigma_v=0.2, compile="auto")
+        learner.setup(runtime)
+        assert (learner.compiled is not None) is native
+        if native:
+            learner.train_step((torch.randn(5, 8), torch.randn(5, 1)))
+            assert learner.compiled.compiled_steps == 1 and list(learner.compiled._natives)

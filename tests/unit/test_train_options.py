@@ -82,6 +82,15 @@ def test_flags_win_over_the_toml_file(tmp_path):
     assert (o.epochs, o.batch_size, o.sigma_v, o.precision, o.out) == (5, 64, 0.1, "64", "x")
 
 
+def test_compile_is_auto_on_or_off_and_takes_the_old_boolean(tmp_path):
+    assert _options().compile == "auto"
+    assert _options("--compile").compile == "on"
+    assert _options("--no-compile").compile == "off"
+    for value, want in (("true", "on"), ("false", "off"), ('"auto"', "auto")):
+        (tmp_path / "c.toml").write_text(f"compile = {value}\n")
+        assert _options("--config", str(tmp_path / "c.toml")).compile == want
+
+
 @pytest.mark.parametrize("argv,toml,message", [
     ([], "epochz = 3\n", "unknown key 'epochz'; accepted: model, dataset, nproc, epochs"),
     ([], "epochs = 'three'\n", "key 'epochs': expected a int, got 'three'"),
@@ -91,6 +100,7 @@ def test_flags_win_over_the_toml_file(tmp_path):
     (["--model", "torch-mlp", "--precision", "64"], None, "precision 64 is for TAGI models"),
     (["--resume", "never", "--max-restarts", "1"], None, "which --resume never forbids"),
     (["--dropout", "1"], None, "dropout: expected a probability in [0, 1), got 1.0"),
+    ([], "compile = 'sometimes'\n", "compile: expected on, off or auto, got 'sometimes'"),
     (["--dropout", "0.1"], None, "dropout is for the torch-mlp model, not tagi-mlp"),
     (["--fail-at", "x"], None, "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative "
                                "integers, comma-separated, got 'x'"),

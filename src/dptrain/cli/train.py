@@ -98,6 +98,8 @@ def _coerce(name: str, value: Any) -> Any:
         ok = isinstance(value, str)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value, ok = str(value), True  # precision = 32 written as a number
+        elif isinstance(value, bool) and default in ("auto", "on", "off"):
+            value, ok = ("on" if value else "off"), True  # compile = true (an on/off option)
         elif isinstance(value, list) and all(isinstance(v, (int, float))
                                              and not isinstance(v, bool) for v in value):
             value, ok = ",".join(f"{v:g}" for v in value), True  # milestones = [30, 60, 80]

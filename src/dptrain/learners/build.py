@@ -181,7 +181,7 @@ def tagi_learner(model: Any, config: LearnerConfig, split: Split,
                        sigma_v_decay=config.sigma_v_decay, average=config.average,
                        y_scale=y_scale, heteroscedastic=heteroscedastic,
                        stop_on_collapse=config.stop_on_collapse, hrc_link=config.hrc_link,
-                       compile=config.compile)
+                       compile={"on": True, "off": False}.get(config.compile, "auto"))
 
 
 def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
@@ -203,7 +203,7 @@ def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
                         sync_batchnorm=has_batchnorm(model),
                         max_grad_norm=config.clip_grad_norm or None, lr_schedule=schedule,
                         ema_decay=config.ema, ema_every=config.ema_every,
-                        compile=config.compile)
+                        compile=config.compile == "on")
 
 
 def steps_per_epoch(num_train: int, batch_size: int) -> int:

@@ -118,10 +118,14 @@ class LearnerConfig:
     epoch the one whose confidence is nearer the validation accuracy (without a validation
     part: under which that epoch's training labels were likelier; docs/tagi.md,
     Calibration)."""
-    compile: bool = field(default=False, metadata=resumable())
-    """TAGI: run each training step as one compiled program (the same parameters as eager;
-    docs/tagi.md, Compiled step); torch models: the training forward and backward through
-    torch.compile. What cannot be captured or compiled trains eagerly, saying why."""
+    compile: Literal["auto", "on", "off"] = field(default="auto",
+                                                  metadata=resumable(negative="no-compile"))
+    """Each TAGI training step as one compiled call, with the same parameters as eager
+    (docs/tagi.md, Compiled step): on, off, or auto (on for the networks the native step
+    does, stacks of LSTM and Linear layers such as tagi-lstm, which it takes in a second or
+    two; off for the others, whose torch.compile program takes a minute). Torch models: on
+    puts the training forward and backward through torch.compile; auto is off. What cannot
+    be captured or compiled trains eagerly, saying why."""
     lr: float = 3e-3
     """Torch models: the peak learning rate, for a global batch of lr-batch when lr-scaling
     is linear or sqrt (the rate used is then printed at start and kept in the run's record)."""
@@ -198,6 +202,8 @@ class LearnerConfig:
             raise bad_value(self, "strategy", "ddp or fsdp")
         if self.hrc_link not in ("auto", "mean", "probit"):
             raise bad_value(self, "hrc_link", "auto, mean or probit")
+        if self.compile not in ("auto", "on", "off"):
+            raise bad_value(self, "compile", "on, off or auto")
         check_at_least(self, ("accumulation_steps",), 1)
         check_sigma_v_schedule(self.sigma_v, self.sigma_v_min, self.sigma_v_decay)
         if not self.lr > 0:

@@ -17,7 +17,7 @@ from dptrain.learners.calibration import calibration_sums, confidence_gap
 from dptrain.learners.forecast import forecast_report
 from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
-from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, split_heteros
+from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, native, split_heteros
 from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.compiled import CompiledStep
 from dptrain.tagi.hrc_softmax import LINKS, Link
@@ -90,7 +90,7 @@ class TagiLearner:
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
                  stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto",
-                 compile: bool = False) -> None:
+                 compile: bool | Literal["auto"] = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -136,8 +136,14 @@ class TagiLearner:
         self.net = DDPSequential(self.model, config, average=self.average,
                                  average_over=self.average_over)
         self.average_over = self.net.average_over
-        if self.compile:
-            update = "indices" if self.hrc else "heteros" if self.heteroscedastic else "plain"
+        update = "indices" if self.hrc else "heteros" if self.heteroscedastic else "plain"
+        if self.compile == "auto":  # the native step where it applies, else eager
+            why = native.not_native(self.model, update)
+            if why is None:
+                self.compiled = self.net.compile(update, native=True)
+            else:
+                log.debug("compile auto: eager steps (%s)", why)
+        elif self.compile:
             self.compiled = self.net.compile(update)
         if self.y_scale is not None:
             self.y_scale = self.y_scale.to(self.model.device, self.model.dtype)

@@ -169,6 +169,19 @@ def check_network(net: Any) -> None:
         width = outputs
 
 
+def not_native(net: Any, update: str = "plain") -> str | None:
+    """Why `net` would not be stepped natively with this output update (None: it would, the
+    library built or loaded here)."""
+    if update != "plain":
+        return f"the native step does the plain update, not {update!r}"
+    try:
+        check_network(net)
+        library()
+    except NotNative as why:
+        return str(why)
+    return None
+
+
 def output_shape(net: Any, batch: int) -> tuple[int, ...] | None:
     """The shape of the eager forward's output for a network the native step does (None for
     any other): (B, T, O) after an LSTM, (B, O) after a Linear."""
