@@ -47,8 +47,8 @@ SIGMA_V = (1.0, 0.3, 0.99)  # start, floor, decay per epoch (pytagi's exponentia
 #: CPU seconds (this process's, or the worker's) of each run's timed training, per library, in
 #: run order: on a shared machine wall time also counts the time other work held the core
 CPU_SECONDS: dict[str, list[float]] = {"dptrain": [], "pytagi": []}
-#: with --compile: seconds of the two compiling steps of each run (the second step; the first
-#: after the first reset of the LSTM states)
+#: with --compile: seconds of the steps that may compile, of each run (the second step; the
+#: first after the first reset of the LSTM states)
 COMPILE_SECONDS: list[float] = []
 
 
@@ -94,10 +94,11 @@ def run_ours(data: dict[str, np.ndarray], seed: int, init: dict[str, np.ndarray]
              dtype: torch.dtype = torch.float32, compile: bool = False,
              ) -> tuple[np.ndarray, np.ndarray, float]:
     """`init`: start from these parameters (state_dict keys) instead of our own draws.
-    `compile`: train with `net.compile()`; its first two steps (eager, then tracing and code
-    generation) and the first step after the first reset of the LSTM states (which compiles
-    the program's second variant, for a network without carried states) are left out of the
-    time, the last two recorded in `COMPILE_SECONDS`."""
+    `compile`: train with `net.compile()`; the steps that may compile are left out of the
+    time: the first two (for inductor's program an eager step, then tracing and code
+    generation; the native step, which this network takes, builds or loads its library in
+    the first) and the first after the first reset of the LSTM states (inductor compiles a
+    second variant there), the last two recorded in `COMPILE_SECONDS`."""
     torch.set_num_threads(1)
     net = build_ours(seed, dtype)
     if init is not None:
@@ -183,9 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="1 seed, 2 epochs; writes nothing")
     p.add_argument("--compile", action="store_true",
-                   help="train ours with net.compile(); samples/s then leaves out the first "
-                        "two steps (eager, compiling) and the first after the first reset of "
-                        "the LSTM states (compiling its second variant), the compiling ones "
+                   help="train ours with net.compile() (for this network, the native step); "
+                        "samples/s then leaves out the steps that may compile: the first two "
+                        "and the first after the first reset of the LSTM states, the last two "
                         "reported as compile_seconds")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = p.parse_args(argv)
