@@ -182,7 +182,9 @@ static void lstm_transpose(const int64_t *l, const REAL *mw, const REAL *vw, REA
         }
 }
 
-static int64_t lstm_transposed_size(const int64_t *l) { return 3 * l[1] * 4 * l[2] + 3 * l[1] * l[2]; }
+static int64_t lstm_transposed_size(const int64_t *l) {
+    return 3 * l[1] * 4 * l[2] + 3 * l[1] * l[2];
+}
 
 /* One row's gates (pre-activations zm, zv of i, c̃, o; covariance sums c0, c2, c3 when the
  * input has a variance), its cell and hidden states and its backward coefficients. */
