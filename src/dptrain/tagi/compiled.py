@@ -10,7 +10,8 @@ same as eager), σ_v² and the cap factor (passed in as 0-dim tensors, so a new 
 a data-parallel global batch is an input, not a constant), and a batch of another shape (a
 short last batch: stepped eagerly, the same math). A network the tracer cannot capture (a
 BatchNorm that synchronises its statistics across ranks, for one) is stepped eagerly from then
-on, after one log line saying why. The first step is eager too: it fixes the output shape the update checks against.
+on, after one log line saying why. The program's first step is eager too: it fixes the output
+shape the update checks against.
 
 A stack of LSTM and Linear layers with the plain update on the CPU is stepped by the native
 library instead (native.py): the same math as loops over buffers allocated once, without the
@@ -58,8 +59,8 @@ SINGLE_THREAD_WORK = 1_000_000
 #: × torch's thread count is at most this: the library runs on one thread, inductor's larger
 #: products are multithreaded BLAS calls. Measured (bench/tagi_compiled_step.py --native): on
 #: one thread the native step was 5.2x inductor's program on the LSTM example at batch 5 and
-#: 1.4x on a two-layer LSTM of 64 at batch 128 (6.6·10⁶); on 2 threads 3.8x at 0.2·10⁶ (the example
-#: at batch 256), 0.91x at 1.7·10⁶ and 0.77x at 6.6·10⁶.
+#: 1.4x on a two-layer LSTM of 64 at batch 128 (6.6·10⁶); on 2 threads 3.8x at 0.2·10⁶ (the
+#: example at batch 256), 0.91x at 1.7·10⁶ and 0.77x at 6.6·10⁶.
 NATIVE_WORK = 3_000_000
 
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
