@@ -170,8 +170,17 @@ class CompiledStep:
                 raise
             self._give_up(err)
             return self._eager_step(mu_x, y, var_y, selected_idx)
+        return self._stepped(mu_x.shape[0], mu, var)
+
+    step = __call__
+
+    def _stepped(self, batch: int, mu: torch.Tensor, var: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """After the program or the native call: what the eager loop leaves on the network,
+        and, data parallel, the all-reduce of the deltas and the capped step."""
+        net = self.net
         self.compiled_steps += 1
-        self._record(mu_x.shape[0], mu, var)
+        self._record(batch, mu, var)
         if self._reduce is not None:
             saved, net.cap_batch_size = net.cap_batch_size, self._reduce()
             try:
@@ -179,8 +188,6 @@ class CompiledStep:
             finally:
                 net.cap_batch_size = saved
         return mu, var
-
-    step = __call__
 
     def _first_native(self, batch: int) -> None:
         """A network the native step takes from its first step: the output shape the update
@@ -233,16 +240,7 @@ class CompiledStep:
         out = native(mu_x, y, noise, factor, check_x)
         if out is None:  # LSTM states set by the user: the eager loop's
             return self._eager_step(mu_x, y, var_y, None)
-        mu, var = out
-        self.compiled_steps += 1
-        self._record(batch, mu, var)
-        if self._reduce is not None:
-            saved, net.cap_batch_size = net.cap_batch_size, self._reduce()
-            try:
-                net.step()
-            finally:
-                net.cap_batch_size = saved
-        return mu, var
+        return self._stepped(batch, *out)
 
     def _small(self, batch: int) -> bool:
         """Whether the program (compiled at this batch) runs on one thread: fixed when it is
