@@ -20,9 +20,10 @@ setup: $(VENV)/.installed
 
 # The launchers the e2e tests run for real, from the distribution: OpenMPI and MPICH (mpirun,
 # mpiexec), Slurm with munge (a one-node cluster that the tests start and stop themselves), and
-# PostgreSQL (a server `dptrain tune --storage postgresql://` is tested against, started by the test).
-SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge postgresql
-SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged pg_ctlcluster
+# PostgreSQL (a server `dptrain tune --storage postgresql://` is tested against, started by the test),
+# and a C compiler (the native TAGI step is built at first use; without one it is skipped).
+SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge postgresql gcc
+SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged pg_ctlcluster cc
 system-deps:
 	@for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing=1; done; \
 	[ -z "$$missing" ] || { \
