@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from dptrain.tagi import native as native_module
 from dptrain.tagi._inputs import as_input
-from dptrain.tagi.base import VAR_FLOOR, _signed_inverse, cap_factor
+from dptrain.tagi.base import VAR_FLOOR, Layer, _signed_inverse, cap_factor
 from dptrain.tagi.output_updater import (OutputUpdater, _agvi_innovations, _indices,
                                          _innovations, _noise, _shaped_like)
 from dptrain.tagi.states import DeltaStates, HiddenStates
@@ -129,6 +129,12 @@ class CompiledStep:
                   if getattr(layer, "stats_gather", None) is not None]
         if synced:  # a collective inside the forward: not traceable
             self._give_up(f"layer {', '.join(synced)} synchronises its batch statistics")
+        # the program checks only the first layer's values, with the network input
+        checking = [layer.label for layer in self._layers[1:]
+                    if type(layer).check_values is not Layer.check_values]
+        if checking:
+            self._give_up(f"{', '.join(checking)} checks values of an input that is not the "
+                          f"network's")
 
     # ------------------------------------------------------------------ one step
     def __call__(self, x: Any, y: Any, var_y: Any = 0.0,
