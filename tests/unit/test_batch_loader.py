@@ -163,8 +163,8 @@ def test_workers_that_never_start_end_in_one_line(folder, tmp_path, monkeypatch)
 
 
 def test_workers_end_with_a_process_killed_outright(folder):
-    """SIGKILL leaves no time to close the loader, and the workers are the fork server's
-    children, not the killed process's: they watch it and end with it."""
+    """SIGKILL leaves no time to close the loader: the workers, forks of the killed process,
+    watch their parent (torch's worker watchdog) and end with it."""
     owner = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER, str(folder)],
                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
