@@ -245,11 +245,12 @@ def test_inductor_lstm_step_equals_eager_in_float32():
 @pytest.mark.slow
 def test_learner_compile_trains_like_eager():
     """`--compile` (LearnerConfig.compile): TagiLearner's steps through the compiled program
-    (inductor, float64, HRC classification) give the eager learner's parameters and metrics."""
+    (inductor, float64, HRC classification) give the eager learner's parameters and metrics.
+    A Tanh keeps the network off the native step."""
     learners = []
     for compile in (False, True):
         tagi.manual_seed(0)
-        net = tagi.Sequential(tagi.Linear(4, 8), tagi.ReLU(), tagi.Linear(8, 3), dtype=F64)
+        net = tagi.Sequential(tagi.Linear(4, 8), tagi.Tanh(), tagi.Linear(8, 3), dtype=F64)
         learner = TagiLearner(net, task="classification", num_classes=3, sigma_v=0.1,
                               compile=compile)
         learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
@@ -267,13 +268,37 @@ def test_learner_compile_trains_like_eager():
 
 
 # ---------------------------------------------------------------------- the native step
-NATIVE = {  # the stacks the native library steps: LSTM and Linear layers
-    "lstm": FAMILIES["lstm"][:3],
+NATIVE = {  # the stacks the native library steps: LSTM, Linear and ReLU layers
+    "lstm": (*FAMILIES["lstm"][:3], "plain"),
     "lstm linear stack": (lambda: tagi.Sequential(
         tagi.LSTM(2, 8, 5), tagi.LSTM(8, 6, 5, bias=False), tagi.Linear(30, 3),
-        tagi.Linear(3, 2, bias=False)), (4, 10), 2),
-    "linear": (lambda: tagi.Sequential(tagi.Linear(6, 16), tagi.Linear(16, 7)), (8, 6), 7),
+        tagi.Linear(3, 2, bias=False)), (4, 10), 2, "plain"),
+    "linear": (lambda: tagi.Sequential(tagi.Linear(6, 16), tagi.Linear(16, 7)), (8, 6), 7,
+               "plain"),
+    # the HRC head's update; the first layer's products (8 x 64 x 48) go to the BLAS library
+    "linear relu hrc": (lambda: tagi.Sequential(
+        tagi.Linear(64, 48), tagi.ReLU(), tagi.Linear(48, 40, bias=False), tagi.ReLU(),
+        tagi.Linear(40, 11)), (8, 64), 11, "indices"),
+    "relu last": (lambda: tagi.Sequential(tagi.Linear(6, 16), tagi.ReLU(), tagi.Linear(16, 7),
+                                          tagi.ReLU()), (8, 6), 7, "plain"),
 }
+
+
+def _targets(g, batch, out, update, dtype, k):
+    """(y, var_y, idx) of step k: σ_v² changing per step, then a per-target tensor; a NaN
+    target at step 2 (no update from it); for the indexed update 4 outputs per sample, one
+    of them twice (its two innovations add)."""
+    idx = None
+    width = out
+    if update == "indices":
+        idx = torch.randint(1, out + 1, (batch, 4), generator=g)
+        idx[:, 3] = idx[:, 0]
+        width = 4
+    y = torch.randn(batch, width, generator=g, dtype=dtype)
+    y[0, 0] = float("nan") if k == 2 else y[0, 0]
+    var_y = (0.1, 1.0, 0.3)[k % 3] if k < 3 else torch.rand(batch, width, generator=g,
+                                                             dtype=dtype) + 0.05
+    return y, var_y, idx
 
 
 @pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float32, 1e-6)],
@@ -282,18 +307,15 @@ NATIVE = {  # the stacks the native library steps: LSTM and Linear layers
 def test_native_step_equals_eager(family, dtype, tol):
     """The native library's step gives the eager loop's parameters: σ_v² changing per step, a
     NaN target (no update from it) and, for the last steps, a per-output var_y tensor."""
-    build, x_shape, out = NATIVE[family]
+    build, x_shape, out, update = NATIVE[family]
     eager, net = _pair(build, dtype)
-    step = net.compile(native=True)
+    step = net.compile(update, native=True)
     g = torch.Generator().manual_seed(1)
     for k in range(5):
         x = torch.randn(*x_shape, generator=g, dtype=dtype)
-        y = torch.randn(x_shape[0], out, generator=g, dtype=dtype)
-        y[0, 0] = float("nan") if k == 2 else y[0, 0]
-        var_y = (0.1, 1.0, 0.3)[k % 3] if k < 3 else torch.rand(x_shape[0], out, generator=g,
-                                                                 dtype=dtype) + 0.05
-        _eager_step(eager, x, y, var_y, "plain")
-        mu, var = step(x, y, var_y)
+        y, var_y, idx = _targets(g, x_shape[0], out, update, dtype, k)
+        _eager_step(eager, x, y, var_y, update, idx)
+        mu, var = step(x, y, var_y, idx)
         # what the step returns: the eager forward's (every step native, the first too)
         assert mu.shape == eager.output_z_buffer.mu_a.shape
         assert torch.allclose(var, eager.output_z_buffer.var_a, rtol=tol)
@@ -303,10 +325,49 @@ def test_native_step_equals_eager(family, dtype, tol):
     _assert_same(eager, net, tol)
 
 
+def test_native_products_in_blas_and_loops_agree(monkeypatch):
+    """The same network stepped with its products in the BLAS library and as the library's
+    own loops (torch exporting none) gives the same parameters (float64)."""
+    from dptrain.tagi import native
+    build, x_shape, out, update = NATIVE["linear relu hrc"]
+    nets = []
+    for gemm in (True, False):
+        if not gemm:
+            monkeypatch.setattr(native, "_gemms", {F64: 0})
+        tagi.manual_seed(0)
+        net = build().to(F64)
+        step = net.compile(update, native=True)
+        g = torch.Generator().manual_seed(3)
+        for k in range(3):
+            x = torch.randn(*x_shape, generator=g, dtype=F64)
+            step(x, *_targets(g, x_shape[0], out, update, F64, k))
+        assert bool(step._natives[x_shape[0]].plan[8]) is gemm  # the product's address
+        nets.append(net)
+    assert torch.allclose(nets[0].flat_params, nets[1].flat_params, rtol=1e-12)
+
+
+def test_native_step_checks_indices_like_eager():
+    """An index out of range fails as the eager update does, naming it, and writes nothing."""
+    build, x_shape, out, update = NATIVE["linear relu hrc"]
+    net = build()
+    step = net.compile(update, native=True)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(*x_shape, generator=g)
+    y, _, idx = _targets(g, x_shape[0], out, update, torch.float32, 0)
+    step(x, y, 0.1, idx)
+    before = net.flat_params.clone()
+    idx[3, 1] = out + 1
+    with pytest.raises(ValueError, match=rf"got {out + 1} at sample 3, position 1"):
+        step(x, y, 0.1, idx)
+    with pytest.raises(ValueError, match="must hold integers"):
+        step(x, y, 0.1, idx.double())
+    assert torch.equal(net.flat_params, before) and step.compiled_steps == 1
+
+
 def test_native_step_checks_inputs_and_states_like_eager():
     """A non-finite input fails as in eager, before anything is written; states set by
     set_lstm_states (not zero) are the eager loop's to step; `to()` plans anew."""
-    build, x_shape, out = NATIVE["lstm"]
+    build, x_shape, out, _ = NATIVE["lstm"]
     eager, net = _pair(build)
     step = net.compile(native=True)
     g = torch.Generator().manual_seed(4)
@@ -346,10 +407,10 @@ def test_native_step_checks_inputs_and_states_like_eager():
 def test_native_step_leaves_other_networks_to_the_program(caplog):
     """`native=True` on a network it does not do steps eagerly after one line; `native=None`
     leaves it to inductor's program, saying why at INFO."""
-    build, x_shape, out, *_ = FAMILIES["linear hrc"]  # a ReLU between the layers
+    build, x_shape, out, *_ = FAMILIES["batchnorm"]
     with caplog.at_level(logging.INFO, logger=compiled_module.__name__):
         eager, net, step = _run(build, x_shape, out, native=True, steps=3, update="plain")
-        assert "(not ReLU)" in step.fallback_reason and step.compiled_steps == 0
+        assert "(not BatchNorm2d)" in step.fallback_reason and step.compiled_steps == 0
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1 and "stepping eagerly" in lines[0]
         _assert_same(eager, net)
@@ -357,6 +418,20 @@ def test_native_step_leaves_other_networks_to_the_program(caplog):
         auto = net.compile()  # inductor, native where it applies
         assert auto._native_step(8) is None and auto._native_off
         assert [r.levelname for r in caplog.records] == ["INFO"]
+
+
+@pytest.mark.parametrize("layers, why", [
+    ((tagi.ReLU(), tagi.Linear(4, 2)), "a ReLU only between Linear layers"),
+    ((tagi.Linear(4, 4), tagi.ReLU(), tagi.ReLU(), tagi.Linear(4, 2)), "a ReLU only"),
+    ((tagi.LSTM(1, 4, 1), tagi.ReLU(), tagi.Linear(4, 2)), "a ReLU only"),
+    ((tagi.Linear(4, 3), tagi.Sigmoid()), "(not Sigmoid)"),
+    ((tagi.Linear(4, 4), tagi.ReLU(), tagi.Linear(4, 2)), None),
+])
+def test_native_step_says_which_networks_it_does(layers, why):
+    from dptrain.tagi import native
+    got = native.not_native(tagi.Sequential(*layers), "indices")
+    assert got is None if why is None else why in got
+    assert "not 'heteros'" in native.not_native(tagi.Sequential(*layers), "heteros")
 
 
 def test_native_library_is_built_once_and_cached(tmp_path, monkeypatch):
@@ -401,12 +476,37 @@ def test_learner_compile_steps_an_lstm_natively():
     _assert_same(learners[0].model, learners[1].model)
 
 
+def test_learner_compile_steps_a_classifier_natively():
+    """`--compile` auto on a classifier (Linear and ReLU layers, the HRC head's indexed
+    update): the same parameters and metrics as the eager learner (float64)."""
+    runtime = Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60))
+    learners = []
+    for compile in (False, "auto"):
+        tagi.manual_seed(0)
+        net = tagi.Sequential(tagi.Linear(12, 16), tagi.ReLU(), tagi.Linear(16, 6), dtype=F64)
+        learner = TagiLearner(net, task="classification", num_classes=5, compile=compile)
+        learner.setup(runtime)
+        learners.append(learner)
+    g = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        x, y = torch.randn(8, 12, generator=g, dtype=F64), torch.randint(0, 5, (8,), generator=g)
+        want, got = (learner.train_step((x, y)) for learner in learners)
+        for key in want:
+            assert torch.allclose(torch.as_tensor(got[key], dtype=F64),
+                                  torch.as_tensor(want[key], dtype=F64), rtol=1e-12), key
+    compiled = learners[1].compiled
+    assert compiled is not None and compiled.compiled_steps == 3 and list(compiled._natives)
+    _assert_same(learners[0].model, learners[1].model)
+
+
 def test_learner_compile_auto_is_native_where_it_applies():
-    """The main job's default (`compile` auto): the native step for an LSTM and Linear stack,
-    eager for the networks it does not do (no minute-long torch.compile unasked)."""
+    """The main job's default (`compile` auto): the native step for LSTM, Linear and ReLU
+    stacks, eager for the networks it does not do (no minute-long torch.compile unasked)."""
     runtime = Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60))
     for net, native in ((tagi.Sequential(tagi.LSTM(2, 6, 4), tagi.Linear(24, 1)), True),
                         (tagi.Sequential(tagi.Linear(8, 6), tagi.ReLU(), tagi.Linear(6, 1)),
+                         True),
+                        (tagi.Sequential(tagi.Linear(8, 6), tagi.Tanh(), tagi.Linear(6, 1)),
                          False)):
         learner = TagiLearner(net, task="regression", sigma_v=0.2, compile="auto")
         learner.setup(runtime)

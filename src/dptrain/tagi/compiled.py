@@ -121,8 +121,9 @@ class CompiledStep:
         self._likes: dict[tuple, torch.Tensor] = {}
         self.native = native
         self._natives: dict[int, native_module.NativeStep] = {}  # per batch size
+        self._loop_works: dict[tuple, int] = {}
         self._native_off = native is False or (native is None and (
-            update != "plain" or backend != "inductor" or mode is not None))
+            update not in native_module.UPDATES or backend != "inductor" or mode is not None))
         self._layers = list(net.descendants())
         self._cached = [layer for layer in self._layers if hasattr(layer, "_weight_cache")]
         synced = [path for path, layer in net.named_stateful()
@@ -157,10 +158,10 @@ class CompiledStep:
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
             return self._eager_step(mu_x, y, var_y, selected_idx)
-        y, noise, idx = self._checked_targets(y, var_y, selected_idx)
         native = self._native_step(mu_x.shape[0])
+        y, noise, idx = self._checked_targets(y, var_y, selected_idx, native is None)
         if native is not None:
-            return self._native_call(native, mu_x, y, noise, var_y, deferred)
+            return self._native_call(native, mu_x, y, noise, var_y, deferred, idx)
         self._check_deferred(mu_x, deferred)
         if self.fallback_reason is not None:  # native=True, and the network is not native
             return self._eager_step(mu_x, y, var_y, selected_idx)
@@ -215,10 +216,10 @@ class CompiledStep:
         if found is not None and found.current():
             return found
         threads = torch.get_num_threads()
-        if self.native is None and threads > 1 and \
-                self.net.flat_params.shape[-1] * batch * threads > NATIVE_WORK:
-            return None
         try:
+            if self.native is None and threads > 1 and \
+                    self._loop_work(batch) * threads > NATIVE_WORK:
+                return None
             found = self._natives[batch] = native_module.NativeStep(self.net, batch,
                                                                     self._out_shape)
         except native_module.NotNative as why:
@@ -230,6 +231,12 @@ class CompiledStep:
             return None
         return found
 
+    def _loop_work(self, batch: int) -> int:
+        key = (batch, self.net.dtype)  # `to()` may change what goes to the BLAS library
+        if key not in self._loop_works:
+            self._loop_works[key] = native_module.loop_work(self.net, batch)
+        return self._loop_works[key]
+
     def _check_deferred(self, mu_x: torch.Tensor, deferred: bool) -> None:
         """The eager input check (x finite), where `__call__` left it to a native call and
         the traced program steps instead."""
@@ -237,15 +244,15 @@ class CompiledStep:
             as_input(mu_x, None, self.net.dtype, self.net.device, True, allow_empty=True)
 
     def _native_call(self, native: native_module.NativeStep, mu_x: torch.Tensor,
-                     y: torch.Tensor, noise: torch.Tensor, var_y: Any, check_x: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     y: torch.Tensor, noise: torch.Tensor, var_y: Any, check_x: bool,
+                     idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         net, batch = self.net, mu_x.shape[0]
         factor = None
         if self._reduce is None:
             factor = cap_factor(net.cap_batch_size if net.cap_batch_size is not None else batch)
-        out = native(mu_x, y, noise, factor, check_x)
+        out = native(mu_x, y, noise, factor, check_x, idx)
         if out is None:  # LSTM states set by the user: the eager loop's
-            return self._eager_step(mu_x, y, var_y, None)
+            return self._eager_step(mu_x, y, var_y, idx)
         return self._stepped(batch, *out)
 
     def _small(self, batch: int) -> bool:
@@ -286,9 +293,11 @@ class CompiledStep:
             like = self._likes[key] = torch.empty(0, dtype=key[0], device=key[1])
         return like
 
-    def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any
+    def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any, check_idx: bool = True
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The eager update's checks, made before the program runs (they read values)."""
+        """The eager update's checks, made before the program runs (they read values).
+        `check_idx=False`: the indices' range is left to the native call, which checks it
+        (they come back 1-based, as given)."""
         like = self._like()
         out = self._out_shape
         assert out is not None
@@ -298,7 +307,8 @@ class CompiledStep:
         idx = None
         shape = out
         if self.update == "indices":
-            idx = _indices(selected_idx, torch.empty(out, dtype=like.dtype, device=like.device))
+            idx = _indices(selected_idx, torch.empty(out, dtype=like.dtype, device=like.device),
+                           check_idx)
             shape = idx.shape
         noise = _noise(var_y, shape, like)
         if not isinstance(noise, torch.Tensor):

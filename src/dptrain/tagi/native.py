@@ -1,10 +1,12 @@
-"""The compiled step of LSTM and Linear stacks as a small native library (docs/tagi.md,
+"""The compiled step of LSTM, Linear and ReLU stacks as a small native library (docs/tagi.md,
 Compiled step).
 
 At pytagi's forecasting batches (an LSTM at batch 5) a whole step is ~70,000 multiply-adds;
 the code inductor generates for it runs them in ~30 µs but spends twice that allocating its
 buffers and passing through its Python wrappers. `native_step.c` does the same math as plain
 loops over buffers allocated once, called through ctypes with pointers fixed per network.
+A Linear layer's larger products (pytagi's MNIST FNN at batch 32) go to the BLAS library
+torch links, called from inside the step (`blas`).
 
 The library is built at first use with the C compiler the machine has (`$CC`, else Python's,
 else `cc`), no torch headers (a second or two), and cached under `$DPTRAIN_NATIVE_CACHE`
@@ -27,13 +29,16 @@ import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 import torch
 
 from dptrain.tagi._inputs import as_input
+from dptrain.tagi.activations import ReLU
 from dptrain.tagi.base import VAR_FLOOR
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.lstm import LSTM
+from dptrain.tagi.output_updater import _indices
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +46,27 @@ SOURCE = Path(__file__).with_name("native_step.c")
 #: -march=native where the compiler takes it (the cache key holds the CPU's flags)
 FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno",
          "-march=native")
-_KINDS = {Linear: 1, LSTM: 2}
-_WORDS, _HEAD = 8, 8  # the plan's words per layer and before the layers (native_step.c)
+_KINDS = {Linear: 1, LSTM: 2, ReLU: 3}
+_WORDS, _HEAD = 8, 11  # the plan's words per layer and before the layers (native_step.c)
 _REALS = {torch.float32: (ctypes.c_float, "_f32"), torch.float64: (ctypes.c_double, "_f64")}
 
+#: A Linear layer's products go to the BLAS library from this many multiply-adds (batch x
+#: inputs x outputs) on: below it a call's own overhead is most of a product's time (the
+#: LSTM example's Linear(40, 1) at batch 5 is 200).
+BLAS_MACS = 16384
+
+#: A step of at most this many parameters x batch size keeps its BLAS products on its own
+#: thread (with MKL), above it they run on torch's threads. On 2 threads, pytagi's FNN
+#: (118k parameters) stepped in 315 µs pinned against 355 at batch 32 (the capped step then
+#: reads the deltas the other core wrote), the same at 64, 940 against 725 at 128.
+ONE_THREAD_WORK = 5_000_000
+
+#: the output updates the native step does (CompiledStep's names)
+UPDATES = ("plain", "indices")
+
 _loaded: tuple[ctypes.CDLL | None, str | None] | None = None
+_gemms: dict[torch.dtype, int] = {}  # the BLAS product per dtype (0: none)
+_threads_local: int | None = None  # MKL_Set_Num_Threads_Local (0: none)
 
 
 class NotNative(Exception):
@@ -65,6 +86,58 @@ def library() -> ctypes.CDLL:
     if lib is None:
         raise NotNative(why)
     return lib
+
+
+def blas(dtype: torch.dtype) -> int:
+    """The address of the Fortran BLAS product (sgemm_/dgemm_) that torch's own library
+    exports, or 0 where it exports none or the one it exports fails a 2 x 2 product (the
+    step then does every product as loops). Found once per dtype."""
+    if dtype not in _gemms:
+        _gemms[dtype] = _find_gemm(dtype)
+        if not _gemms[dtype]:
+            log.info("native: torch exports no usable BLAS %s; products run as loops",
+                     "sgemm_" if dtype == torch.float32 else "dgemm_")
+    return _gemms[dtype]
+
+
+def blas_threads_local() -> int:
+    """The address of MKL's MKL_Set_Num_Threads_Local in torch's library (0: none), through
+    which a small step keeps its products on its own thread (ONE_THREAD_WORK)."""
+    global _threads_local
+    if _threads_local is None:
+        _threads_local = next(_torch_symbols("MKL_Set_Num_Threads_Local"), 0)
+    return _threads_local
+
+
+def _torch_symbols(name: str) -> Iterator[int]:
+    """The addresses of `name` in torch's own library, then in the process's global ones."""
+    lib_dir = Path(torch.__file__).parent / "lib"
+    for path in (*sorted(lib_dir.glob("libtorch_cpu.*")), None):
+        try:
+            address = ctypes.cast(getattr(ctypes.CDLL(str(path) if path else None), name),
+                                  ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+        if address:
+            yield address
+
+
+def _find_gemm(dtype: torch.dtype) -> int:
+    name = "sgemm_" if dtype == torch.float32 else "dgemm_"
+    return next((address for address in _torch_symbols(name) if _gemm_works(address, dtype)),
+                0)
+
+
+def _gemm_works(address: int, dtype: torch.dtype) -> bool:
+    """Whether `address` computes a known row-major A Bᵀ through the step's own call."""
+    a = torch.arange(1.0, 7.0, dtype=dtype).view(2, 3)
+    b = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.5, 0.25]], dtype=dtype)
+    c = torch.full((2, 2), float("nan"), dtype=dtype)
+    probe = getattr(library(), f"gemm_probe{_REALS[dtype][1]}")
+    probe.restype = None
+    probe.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    probe(address, a.data_ptr(), b.data_ptr(), c.data_ptr())
+    return bool(torch.equal(c, a @ b.t()))
 
 
 def _compiler() -> str:
@@ -145,7 +218,8 @@ def _run_compiler(command: list[str], flags: list[str]) -> None:
 
 
 def check_network(net: Any) -> None:
-    """NotNative unless `net` is a CPU stack of LSTM and Linear layers the native step does."""
+    """NotNative unless `net` is a CPU stack of LSTM, Linear and ReLU layers the native step
+    does: a ReLU after a Linear, followed by a Linear or last."""
     layers = list(net.layers)
     if net.device.type != "cpu":
         raise NotNative(f"the native step runs on the CPU, the network is on {net.device}")
@@ -156,13 +230,17 @@ def check_network(net: Any) -> None:
             list(net.descendants()) != layers:
         names = ", ".join(sorted({kind.__name__ for kind in kinds} - set(
             k.__name__ for k in _KINDS)))
-        raise NotNative(f"the native step takes stacks of LSTM and Linear layers only"
+        raise NotNative(f"the native step takes stacks of LSTM, Linear and ReLU layers only"
                         f"{' (not ' + names + ')' if names else ''}")
+    for before, layer, after in zip([None, *kinds], kinds, [*kinds[1:], None]):
+        if layer is ReLU and (before is not Linear or after not in (Linear, None)):
+            raise NotNative("the native step takes a ReLU only between Linear layers or "
+                            "after the last")
     if net.input_state_update:
         raise NotNative("the native step does not compute the input's innovations")
     width = None
     for layer in layers:
-        inputs, outputs = _widths(layer)
+        inputs, outputs = _widths(layer, width)
         if width is not None and width != inputs:
             raise NotNative(f"{layer.label} takes {inputs} values per sample, the layer "
                             f"before gives {width}")
@@ -172,8 +250,8 @@ def check_network(net: Any) -> None:
 def not_native(net: Any, update: str = "plain") -> str | None:
     """Why `net` would not be stepped natively with this output update (None: it would, the
     library built or loaded here)."""
-    if update != "plain":
-        return f"the native step does the plain update, not {update!r}"
+    if update not in UPDATES:
+        return f"the native step does the plain and indexed updates, not {update!r}"
     try:
         check_network(net)
         library()
@@ -184,20 +262,41 @@ def not_native(net: Any, update: str = "plain") -> str | None:
 
 def output_shape(net: Any, batch: int) -> tuple[int, ...] | None:
     """The shape of the eager forward's output for a network the native step does (None for
-    any other): (B, T, O) after an LSTM, (B, O) after a Linear."""
+    any other): (B, T, O) after an LSTM, (B, O) after a Linear or a ReLU."""
     try:
         check_network(net)
     except NotNative:
         return None
+    width = None
+    for layer in net.layers:
+        width = _widths(layer, width)[1]
     last = net.layers[-1]
     if isinstance(last, LSTM):
         return (batch, last.seq_len, last.output_size)
-    return (batch, last.output_size)
+    return (batch, width)
 
 
-def _widths(layer: Any) -> tuple[int, int]:
+def loop_work(net: Any, batch: int) -> int:
+    """Parameters x batch size of the layers the native step does as its own loops, on one
+    thread (the others' products are BLAS calls on torch's threads)."""
+    gemm = blas(net.dtype)
+    work = 0
+    for layer in net.layers:
+        if isinstance(layer, Linear) and gemm and \
+                batch * layer.input_size * layer.output_size >= BLAS_MACS:
+            continue
+        work += sum(t.numel() for t in (getattr(layer, name, None) for name in
+                                        ("mu_w", "mu_b")) if t is not None)
+    return work * batch
+
+
+def _widths(layer: Any, before: int | None) -> tuple[int, int]:
+    """A layer's values per sample in and out (a ReLU's: the layer before's)."""
     if isinstance(layer, LSTM):
         return layer.seq_len * layer.input_size, layer.seq_len * layer.output_size
+    if isinstance(layer, ReLU):
+        assert before is not None  # check_network: a ReLU follows a Linear
+        return before, before
     return layer.input_size, layer.output_size
 
 
@@ -221,21 +320,28 @@ class NativeStep:
         self.fn = getattr(lib, f"tagi_step{suffix}")
         self.fn.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self.fn.argtypes = [p, p, ctypes.c_int, p, p, i64, ctypes.c_int, real, real, real, p,
-                            p]
+        self.fn.argtypes = [p, p, ctypes.c_int, p, p, i64, p, i64, ctypes.c_int, real, real,
+                            real, p, p]
         self.params, self.deltas = net.flat_params, net.flat_deltas
         count = self.params.shape[1]
         for t in (self.params, self.deltas):
             if not t.is_contiguous():
                 raise NotNative("the parameter pack is not one contiguous (2, P) buffer")
-        layers, scratch, widest = [], 0, 1
+        layers, scratch, widest, width = [], 0, 1, None
         for layer in net.layers:
-            inputs, outputs = _widths(layer)
+            inputs, outputs = _widths(layer, width)
+            width = outputs
             widest = max(widest, inputs, outputs)
-            size = 2 * batch * outputs
-            if isinstance(layer, LSTM):  # native_step.c, the plan's comment
+            size = 2 * batch * outputs  # native_step.c, the plan's comment
+            if isinstance(layer, ReLU):
+                layers += [_KINDS[ReLU], inputs, outputs, 1, 0, -1, -1, scratch]
+                scratch += size + batch * outputs
+                continue
+            if isinstance(layer, LSTM):
                 i, o = layer.input_size, layer.output_size
                 size += 3 * batch * outputs + (12 * i * o + 3 * i * o) + 6 * i * o + 12 * o
+            else:
+                size += batch * inputs + 2 * inputs * outputs
             layers += [_KINDS[type(layer)], layer.input_size, layer.output_size,
                       getattr(layer, "seq_len", 1), int(layer.bias),
                       self._offset(layer.mu_w, layer.var_w, count),
@@ -247,7 +353,8 @@ class NativeStep:
         self.work = torch.empty(scratch, **like)
         self.grad = torch.empty(4 * batch * widest, **like)
         head = [len(net.layers), batch, count, self.params.data_ptr(), self.deltas.data_ptr(),
-                self.work.data_ptr(), self.grad.data_ptr(), widest]
+                self.work.data_ptr(), self.grad.data_ptr(), widest, blas(net.dtype), BLAS_MACS,
+                blas_threads_local() if count * batch <= ONE_THREAD_WORK else 0]
         self.plan = torch.tensor(head + layers, dtype=torch.int64)
         self.plan_ptr = self.plan.data_ptr()
 
@@ -269,11 +376,14 @@ class NativeStep:
         return net.flat_params is self.params and net.flat_deltas is self.deltas
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, noise: torch.Tensor,
-                 factor: float | None, check_x: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 factor: float | None, check_x: bool = False,
+                 idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`factor`: the cap's c, or None to leave the capped step to the caller (data
         parallel: Δ is all-reduced first). `check_x`: check that x is finite, as the eager
-        forward does (`as_input`), inside the call: a ValueError, and nothing written, if not."""
+        forward does (`as_input`), inside the call: a ValueError, and nothing written, if not.
+        `idx`: the 1-based observed outputs, (B, L) int64 (update_using_indices, `y` and
+        `noise` of its shape; their range is checked inside the call, a ValueError and nothing
+        written if one is out of it), or None for the plain update."""
         batch = self.batch
         for layer in self.lstms:  # the eager forward's bookkeeping of the previous states
             if layer._batch_size != batch or not layer._prev_zero:
@@ -284,12 +394,19 @@ class NativeStep:
         noise_stride = 0 if noise.numel() == 1 else 1
         if noise_stride:
             noise = noise.expand(y.shape).contiguous()
+        obs, idx_ptr = 0, None
+        if idx is not None:
+            idx = idx.to(torch.int64).contiguous()
+            obs, idx_ptr = idx.shape[1], idx.data_ptr()
         mu = torch.empty(self.out_shape, dtype=y.dtype)
         var = torch.empty(self.out_shape, dtype=y.dtype)
         lo, hi = (-1.0 / factor, 1.0 / factor) if factor is not None else (0.0, 0.0)
-        args = (x.data_ptr(), y.data_ptr(), noise.data_ptr(), noise_stride,
+        args = (x.data_ptr(), y.data_ptr(), idx_ptr, obs, noise.data_ptr(), noise_stride,
                 int(factor is not None), lo, hi, VAR_FLOOR, mu.data_ptr(), var.data_ptr())
-        if self.fn(self.plan_ptr, args[0], int(check_x), *args[1:]):
+        failed = self.fn(self.plan_ptr, args[0], int(check_x), *args[1:])
+        if failed == 2:  # an index out of range: the eager check raises, saying which
+            _indices(idx, mu)
+        elif failed:
             # the sum is not finite: the eager check finds the value and says where (or,
             # for a finite sum that overflowed, passes, and the step runs unchecked)
             as_input(x, None, x.dtype, x.device, True, allow_empty=True)

@@ -1,28 +1,44 @@
-/* One TAGI training step of a stack of LSTM and Linear layers, as plain loops.
+/* One TAGI training step of a stack of LSTM, Linear and ReLU layers, as plain loops.
  *
  * The native form of dptrain.tagi's compiled step (docs/tagi.md, Compiled step) for the
- * networks of pytagi's forecasting examples at their small batches, where a step is a few
- * tens of thousands of multiply-adds and per-operation overhead is all the time torch spends.
- * The math is the eager layers' (lstm.py, linear.py, output_updater.py's _innovations,
- * base.py's scale_deltas_ and capped_update_); sums run in another order than torch's, so the
- * two agree to rounding (the compiled step's tolerances: 1e-12 in float64, 1e-6 in float32).
+ * networks of pytagi's examples at their small batches (its forecasting LSTMs, its MNIST
+ * FNN), where per-operation overhead is most of the time torch spends on a step.
+ * The math is the eager layers' (lstm.py, linear.py, activations.py's ReLU,
+ * output_updater.py's _innovations and update_using_indices, base.py's scale_deltas_ and
+ * capped_update_); sums run in another order than torch's, so the two agree to rounding (the
+ * compiled step's tolerances: 1e-12 in float64, 1e-6 in float32).
  * It is compiled twice, REAL = float and REAL = double, into one library (native.py builds
  * and loads it); every buffer is allocated by the caller, so a step allocates nothing.
+ *
+ * Matrix products of a Linear layer large enough to pay for a call (BLAS_MACS) go to the
+ * BLAS library torch itself links (its Fortran sgemm_/dgemm_, whose address native.py finds
+ * and checks on a small product); smaller ones, and all of them where torch exports no BLAS,
+ * are loops here. The step runs on one thread; where the library is MKL, a small step's
+ * products too (native.ONE_THREAD_WORK): on two threads the products of pytagi's FNN at batch
+ * 32 gained ~20 µs, and the capped step lost ~70 reading the half of the deltas the other
+ * core had written.
  *
  * The LSTM is the non-carrying one: seq_len > 1 or batch > 1, so every previous hidden and
  * cell state is zero (native.py checks this before each step). With zero previous states the
  * forget gate reaches nothing: its pre-activation is not computed and its increments are
  * zero, as the eager coefficient a_f = J_f · c_prev = 0 makes them.
  *
+ * A ReLU follows a Linear, and is followed by a Linear or ends the network (native.py
+ * checks): its J multiplies the δ the next Linear passes down (or the output's innovations),
+ * as in eager, where the backward skips activations.
+ *
  * The plan (int64 words), per network: n_layers, batch, P, the addresses of `params`,
- * `deltas`, `work` and `grad`, the width of `grad`'s buffers; then per layer
- *   kind (1 Linear, 2 LSTM), I, O, T (1 for Linear), has_bias, w (offset of the weights in a
- *   parameter row), b (offset of the biases, or -1), scratch (offset of the layer's buffers
- *   in `work`).
- * A layer's scratch: its output mean and variance (B x out width each), then for an LSTM the
- * three gate coefficients a_i, a_c, a_o (B*T x 3 x O) of the backward pass, the transposed
- * weights (lstm_transposed_size), the backward's accumulators (2 x I x 3·O) and 12·O values
- * for one row.
+ * `deltas`, `work` and `grad`, the width of `grad`'s buffers, the BLAS product (0: none),
+ * the fewest multiply-adds of a product that goes to it (native.BLAS_MACS),
+ * MKL_Set_Num_Threads_Local (0: the products on the library's threads); then per layer
+ *   kind (1 Linear, 2 LSTM, 3 ReLU), I, O, T (1 for Linear and ReLU), has_bias, w (offset of
+ *   the weights in a parameter row, or -1), b (offset of the biases, or -1), scratch (offset
+ *   of the layer's buffers in `work`).
+ * A layer's scratch: its output mean and variance (B x out width each); then for a Linear the
+ * squares of its input (B x I), m_W² and m_W² + v_W (O x I each); for a ReLU its J (B x O);
+ * for an LSTM the three gate coefficients a_i, a_c, a_o (B*T x 3 x O) of the backward pass,
+ * the transposed weights (lstm_transposed_size), the backward's accumulators (2 x I x 3·O)
+ * and 12·O values for one row.
  * `params`, `deltas`: (2, P) rows, means then variances. `grad`: two (B x widest) pairs of
  * buffers for the innovations passed down.
  */
@@ -40,7 +56,24 @@
 #define CAT(a, b) CAT_(a, b)
 #define NAME(n) CAT(n, SUFFIX)
 
-enum { LINEAR = 1, LSTM = 2, WORDS = 8, HEAD = 8 };
+enum { LINEAR = 1, LSTM = 2, RELU = 3, WORDS = 8, HEAD = 11 };
+
+/* Fortran BLAS ?gemm_ (column-major, LP64 integers: native.py checks the one it finds) */
+/* MKL_Set_Num_Threads_Local: the BLAS library's threads for the calling thread */
+typedef int (*threads_fn)(int);
+typedef void (*gemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                        const REAL *, const REAL *, const int *, const REAL *, const int *,
+                        const REAL *, REAL *, const int *);
+
+/* C (M x N) = op(A) op(B) + beta C, all row-major: the column-major call on the transposes */
+static void gemm_rm(gemm_fn gemm, char ta, char tb, int64_t m, int64_t n, int64_t k,
+                    const REAL *a, int64_t lda, const REAL *b, int64_t ldb, REAL beta, REAL *c,
+                    int64_t ldc) {
+    const int cm = (int)n, cn = (int)m, ck = (int)k, la = (int)ldb, lb = (int)lda,
+              lc = (int)ldc;
+    const REAL one = 1;
+    gemm(&tb, &ta, &cm, &cn, &ck, &one, b, &la, a, &lb, &beta, c, &lc);
+}
 
 /* e^x and tanh for float as branch-free inline code the compiler vectorises (libm's are
  * calls, one value at a time: a third of the step's time). e^x = 2^n e^r with |r| ≤ ln 2 / 2
@@ -155,6 +188,69 @@ static void linear_backward(const int64_t *l, const REAL *mw, const REAL *a, int
                 vi[k] += v * (wr[k] * wr[k]);
             }
         }
+    }
+}
+
+/* linear_forward through the BLAS library. `sq`: the layer's scratch after m_Z, v_Z (the
+ * input's squares, then m_W² and m_W² + v_W, made when the input has a variance: a layer
+ * past the first, which also passes δ down through m_W²). */
+static void linear_forward_blas(gemm_fn gemm, const int64_t *l, const REAL *mw, const REAL *vw,
+                                const REAL *mb, const REAL *vb, const REAL *a, const REAL *va,
+                                int64_t batch, REAL *mz, REAL *vz, REAL *sq) {
+    const int64_t in = l[1], out = l[2];
+    REAL *restrict asq = sq, *restrict wsq = sq + batch * in, *restrict wt = wsq + in * out;
+    for (int64_t k = 0; k < batch * in; k++) asq[k] = a[k] * a[k];
+    REAL beta = 0;
+    if (mb) {
+        for (int64_t b = 0; b < batch; b++) {
+            memcpy(mz + b * out, mb, sizeof(REAL) * out);
+            memcpy(vz + b * out, vb, sizeof(REAL) * out);
+        }
+        beta = 1;
+    }
+    gemm_rm(gemm, 'N', 'T', batch, out, in, a, in, mw, in, beta, mz, out);
+    gemm_rm(gemm, 'N', 'T', batch, out, in, asq, in, vw, in, beta, vz, out);
+    if (!va) return;
+    for (int64_t k = 0; k < in * out; k++) {
+        wsq[k] = mw[k] * mw[k];
+        wt[k] = wsq[k] + vw[k];
+    }
+    gemm_rm(gemm, 'N', 'T', batch, out, in, va, in, wt, in, 1, vz, out);
+}
+
+/* linear_backward through the BLAS library (`sq` as linear_forward_blas left it) */
+static void linear_backward_blas(gemm_fn gemm, const int64_t *l, const REAL *mw, const REAL *a,
+                                 const REAL *sq, int64_t batch, const REAL *dm, const REAL *dv,
+                                 REAL *gmw, REAL *gvw, REAL *gmb, REAL *gvb, REAL *dm_in,
+                                 REAL *dv_in) {
+    const int64_t in = l[1], out = l[2];
+    const REAL *asq = sq, *wsq = sq + batch * in;
+    gemm_rm(gemm, 'T', 'N', out, in, batch, dm, out, a, in, 0, gmw, in);
+    gemm_rm(gemm, 'T', 'N', out, in, batch, dv, out, asq, in, 0, gvw, in);
+    if (gmb) {
+        memset(gmb, 0, sizeof(REAL) * out);
+        memset(gvb, 0, sizeof(REAL) * out);
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t o = 0; o < out; o++) {
+                gmb[o] += dm[b * out + o];
+                gvb[o] += dv[b * out + o];
+            }
+    }
+    if (!dm_in) return;
+    gemm_rm(gemm, 'N', 'N', batch, in, out, dm, out, mw, in, 0, dm_in, in);
+    gemm_rm(gemm, 'N', 'N', batch, in, out, dv, out, wsq, in, 0, dv_in, in);
+}
+
+/* m_A = max(m_Z, 0), J = 1[m_Z > 0], v_A = J v_Z; NaN stays NaN in all three, as torch's
+ * relu and sign keep it */
+static void relu_forward(int64_t n, const REAL *restrict mz, const REAL *restrict vz,
+                         REAL *restrict ma, REAL *restrict va, REAL *restrict jcb) {
+    for (int64_t k = 0; k < n; k++) {
+        const REAL m = mz[k];
+        const REAL j = m > 0 ? (REAL)1 : (m == m ? (REAL)0 : m);
+        ma[k] = m < 0 ? (REAL)0 : m;
+        va[k] = vz[k] * j;
+        jcb[k] = j;
     }
 }
 
@@ -335,34 +431,71 @@ static void lstm_backward(const int64_t *l, const REAL *t, const REAL *x, int64_
     }
 }
 
-/* The output update (_innovations): δm = (y − m)/(v + σ²), δv = −1/(v + σ²), zero where
- * not finite (a NaN target). `noise` is one value (noise_stride 0) or one per output. */
-static void innovations(const REAL *mu, const REAL *var, const REAL *y, const REAL *noise,
-                        int64_t noise_stride, int64_t n, REAL *dm, REAL *dv) {
-    for (int64_t k = 0; k < n; k++) {
-        const REAL inv_s = (REAL)1 / (var[k] + noise[k * noise_stride]);
-        const REAL m = (y[k] - mu[k]) * inv_s;
-        const int observed = isfinite(m);
-        dm[k] = observed ? m : (REAL)0;
-        dv[k] = observed ? -inv_s : (REAL)0;
+/* One observation's innovations (_innovations): δm = J (y − m)/(v + σ²), δv = −J²/(v + σ²),
+ * both zero where δm is not finite (a NaN target). `jcb`: the output's J (a ReLU last), or 0. */
+static inline void innovation(REAL mu, REAL var, REAL y, REAL noise, const REAL *jcb,
+                              REAL *dm, REAL *dv) {
+    const REAL inv_s = (REAL)1 / (var + noise);
+    REAL m = (y - mu) * inv_s, v = -inv_s;
+    if (jcb) {
+        m = m * *jcb;
+        v = (v * *jcb) * *jcb;
     }
+    const int observed = isfinite(m);
+    *dm = observed ? m : (REAL)0;
+    *dv = observed ? v : (REAL)0;
 }
 
-/* Δm = v g_m, Δv = v² g_v; then (cap ≠ 0) m += clamp(Δm, ±bar), v += clamp(Δv, ±bar),
- * bar = sqrt(v_old)/c, and v ≤ 0 → var_floor. cap_lo, cap_hi: −1/c and 1/c as REAL. */
+/* The plain update: every output observed. `noise` is one value (noise_stride 0) or one
+ * per output. */
+static void innovations(const REAL *mu, const REAL *var, const REAL *jcb, const REAL *y,
+                        const REAL *noise, int64_t noise_stride, int64_t n, REAL *dm,
+                        REAL *dv) {
+    for (int64_t k = 0; k < n; k++)
+        innovation(mu[k], var[k], y[k], noise[k * noise_stride], jcb ? jcb + k : 0, dm + k,
+                   dv + k);
+}
+
+/* update_using_indices: `obs` observations per sample at the 1-based outputs `idx` (B x obs),
+ * targets `y` and noise as `idx`; other outputs get δ = 0, and an output selected twice
+ * adds both innovations. */
+static void indexed_innovations(const REAL *mu, const REAL *var, const REAL *jcb,
+                                const REAL *y, const REAL *noise, int64_t noise_stride,
+                                const int64_t *idx, int64_t batch, int64_t width, int64_t obs,
+                                REAL *dm, REAL *dv) {
+    memset(dm, 0, sizeof(REAL) * batch * width);
+    memset(dv, 0, sizeof(REAL) * batch * width);
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t j = 0; j < obs; j++) {
+            const int64_t r = b * obs + j, k = b * width + idx[r] - 1;
+            REAL m, v;
+            innovation(mu[k], var[k], y[r], noise[r * noise_stride], jcb ? jcb + k : 0, &m, &v);
+            dm[k] += m;
+            dv[k] += v;
+        }
+}
+
+/* Δm = v g_m, Δv = v² g_v; then (do_step) m += clamp(Δm, ±bar), v += clamp(Δv, ±bar),
+ * bar = sqrt(v_old)/c, and v ≤ 0 → var_floor: one pass over the parameters. cap_lo, cap_hi:
+ * −1/c and 1/c as REAL. */
 static void scaled_step(REAL *restrict params, REAL *restrict deltas, int64_t count,
                         int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor) {
     REAL *restrict mu = params, *restrict var = params + count, *restrict dm = deltas,
                    *restrict dv = deltas + count;
-    for (int64_t p = 0; p < count; p++) {
-        const REAL v = var[p];
-        dm[p] = dm[p] * v;
-        dv[p] = (dv[p] * v) * v;
+    if (!do_step) {
+        for (int64_t p = 0; p < count; p++) {
+            const REAL v = var[p];
+            dm[p] = dm[p] * v;
+            dv[p] = (dv[p] * v) * v;
+        }
+        return;
     }
-    if (!do_step) return;
     for (int64_t p = 0; p < count; p++) { /* clamp as torch's: NaN stays NaN */
-        const REAL v = var[p], root = r_sqrt(v), lo = root * cap_lo, hi = root * cap_hi;
-        REAL cm = dm[p] < lo ? lo : dm[p], cv = dv[p] < lo ? lo : dv[p];
+        const REAL v = var[p], sm = dm[p] * v, sv = (dv[p] * v) * v;
+        dm[p] = sm;
+        dv[p] = sv;
+        const REAL root = r_sqrt(v), lo = root * cap_lo, hi = root * cap_hi;
+        REAL cm = sm < lo ? lo : sm, cv = sv < lo ? lo : sv;
         cm = cm > hi ? hi : cm;
         cv = cv > hi ? hi : cv;
         mu[p] = mu[p] + cm;
@@ -371,15 +504,23 @@ static void scaled_step(REAL *restrict params, REAL *restrict deltas, int64_t co
     }
 }
 
-/* The whole step. x: (B, first layer's input width); y: (B, last width); out_mu, out_var:
- * the network's output before the update. Returns 0, or 1 (and writes nothing) when
- * `check_x` is set and the sum of x is not finite. */
+/* Whether a Linear layer's products go to the BLAS library */
+static int blas_layer(const int64_t *plan, const int64_t *l) {
+    return plan[8] && l[0] == LINEAR && plan[1] * l[1] * l[2] >= plan[9];
+}
+
+/* The whole step. x: (B, first layer's input width); y: (B, last width), or (B, obs) with
+ * `idx` (B x obs 1-based outputs, pytagi's: update_using_indices; 0 for the plain update);
+ * out_mu, out_var: the network's output before the update. Returns 0; or, writing nothing,
+ * 1 when `check_x` is set and the sum of x is not finite, 2 when an index is out of range. */
 int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL *y,
-                    const REAL *noise, int64_t noise_stride, int do_step, REAL cap_lo,
-                    REAL cap_hi, REAL var_floor, REAL *out_mu, REAL *out_var) {
+                    const int64_t *idx, int64_t obs, const REAL *noise, int64_t noise_stride,
+                    int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor, REAL *out_mu,
+                    REAL *out_var) {
     const int64_t layers = plan[0], batch = plan[1], count = plan[2], grad_width = plan[7];
     REAL *params = (REAL *)plan[3], *deltas = (REAL *)plan[4], *work = (REAL *)plan[5],
          *grad = (REAL *)plan[6];
+    const gemm_fn gemm = (gemm_fn)plan[8];
     const REAL *a = x, *va = 0;
     if (check_x) { /* the eager check: the input's sum is finite (else the caller looks) */
         const int64_t *first = plan + HEAD;
@@ -389,12 +530,25 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL 
         for (int64_t k = 0; k < values; k++) sum += x[k];
         if (!isfinite(sum)) return 1;
     }
+    if (idx) {
+        const int64_t *last = plan + HEAD + (layers - 1) * WORDS, width = last[2] * last[3];
+        int64_t outside = 0;
+        for (int64_t r = 0; r < batch * obs; r++) outside += idx[r] < 1 || idx[r] > width;
+        if (outside) return 2;
+    }
+    const threads_fn local_threads = (threads_fn)plan[10];
+    const int threads_before = local_threads ? local_threads(1) : 0;
     for (int64_t n = 0; n < layers; n++) {
         const int64_t *l = plan + HEAD + n * WORDS;
         const REAL *mw = params + l[5], *vw = params + count + l[5];
         const REAL *mb = l[6] >= 0 ? params + l[6] : 0, *vb = l[6] >= 0 ? params + count + l[6] : 0;
         REAL *mz = work + l[7], *vz = mz + batch * l[2] * l[3];
-        if (l[0] == LINEAR) {
+        if (l[0] == RELU) {
+            relu_forward(batch * l[2], a, va, mz, vz, vz + batch * l[2]);
+        } else if (blas_layer(plan, l)) {
+            linear_forward_blas(gemm, l, mw, vw, mb, vb, a, va, batch, mz, vz,
+                                vz + batch * l[2]);
+        } else if (l[0] == LINEAR) {
             linear_forward(l, mw, vw, mb, vb, a, va, batch, mz, vz);
         } else {
             REAL *coef = vz + batch * l[2] * l[3], *t = coef + 3 * batch * l[2] * l[3];
@@ -406,31 +560,54 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL 
         va = vz;
     }
     const int64_t *last = plan + HEAD + (layers - 1) * WORDS;
-    const int64_t outputs = batch * last[2] * last[3];
+    const int64_t width = last[2] * last[3], outputs = batch * width;
+    const REAL *jcb = last[0] == RELU ? va + outputs : 0;
     memcpy(out_mu, a, sizeof(REAL) * outputs);
     memcpy(out_var, va, sizeof(REAL) * outputs);
     REAL *dm = grad, *dv = grad + batch * grad_width;
     REAL *dm_next = dv + batch * grad_width, *dv_next = dm_next + batch * grad_width;
-    innovations(a, va, y, noise, noise_stride, outputs, dm, dv);
+    if (idx)
+        indexed_innovations(a, va, jcb, y, noise, noise_stride, idx, batch, width, obs, dm, dv);
+    else
+        innovations(a, va, jcb, y, noise, noise_stride, outputs, dm, dv);
     for (int64_t n = layers - 1; n >= 0; n--) {
         const int64_t *l = plan + HEAD + n * WORDS;
-        const REAL *in = n ? work + (l - WORDS)[7] : x;
+        if (l[0] == RELU) continue; /* its J is applied below, by the layer after it */
+        const int64_t *below = n ? l - WORDS : 0;
+        const REAL *in = n ? work + below[7] : x;
         const REAL *mw = params + l[5];
         REAL *gmb = l[6] >= 0 ? deltas + l[6] : 0, *gvb = l[6] >= 0 ? deltas + count + l[6] : 0;
         REAL *mi = n ? dm_next : 0, *vi = n ? dv_next : 0;
-        if (l[0] == LINEAR)
+        const int64_t states = batch * l[2] * l[3];
+        if (blas_layer(plan, l))
+            linear_backward_blas(gemm, l, mw, in, work + l[7] + 2 * states, batch, dm, dv,
+                                 deltas + l[5], deltas + count + l[5], gmb, gvb, mi, vi);
+        else if (l[0] == LINEAR)
             linear_backward(l, mw, in, batch, dm, dv, deltas + l[5], deltas + count + l[5], gmb,
                             gvb, mi, vi);
         else {
-            const int64_t states = batch * l[2] * l[3];
             REAL *coef = work + l[7] + 2 * states, *t = coef + 3 * states;
             REAL *acc = t + lstm_transposed_size(l), *row = acc + 2 * l[1] * 3 * l[2];
             lstm_backward(l, t, in, batch, coef, dm, dv, deltas + l[5], deltas + count + l[5],
                           gmb, gvb, mi, vi, acc, row);
         }
+        if (below && below[0] == RELU) { /* J ∈ {0, 1}: J² = J, as eager's one pass */
+            const REAL *j = work + below[7] + 2 * batch * below[2];
+            for (int64_t k = 0; k < batch * l[1]; k++) {
+                mi[k] = mi[k] * j[k];
+                vi[k] = vi[k] * j[k];
+            }
+        }
         REAL *t = dm; dm = dm_next; dm_next = t;
         t = dv; dv = dv_next; dv_next = t;
     }
     scaled_step(params, deltas, count, do_step, cap_lo, cap_hi, var_floor);
+    if (local_threads) local_threads(threads_before);
     return 0;
+}
+
+/* A product the caller checks `gemm` with (native.py): C (2 x 2) = A (2 x 3) Bᵀ (B: 2 x 3),
+ * row-major, through gemm_rm as the step calls it. */
+void NAME(gemm_probe)(int64_t gemm, const REAL *a, const REAL *b, REAL *c) {
+    gemm_rm((gemm_fn)gemm, 'N', 'T', 2, 2, 3, a, 3, b, 3, 0, c, 2);
 }

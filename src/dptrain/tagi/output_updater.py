@@ -164,7 +164,10 @@ def _noise(value: Any, shape: torch.Size, like: torch.Tensor) -> torch.Tensor | 
     return tensor
 
 
-def _indices(value: Any, mu: torch.Tensor) -> torch.Tensor:
+def _indices(value: Any, mu: torch.Tensor, values: bool = True) -> torch.Tensor:
+    """`value` as (B, L) 0-based int64 indices into `mu`'s outputs, checked. `values=False`:
+    only its dtype and shape are checked, and the 1-based indices come back as given, for a
+    caller that checks the range itself (the native step, inside its call)."""
     idx = torch.as_tensor(value, device=mu.device)
     if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
         raise ValueError(f"selected_idx must hold integers, got dtype {idx.dtype}")
@@ -175,6 +178,8 @@ def _indices(value: Any, mu: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"selected_idx has shape {tuple(idx.shape)}, expected (batch={batch}, "
                          f"observations per sample) or its flat form, to match the last "
                          f"forward's batch of {batch}")
+    if not values:
+        return idx.long()
     if idx.numel() == 0:  # a data-parallel rank without a sample in this step
         return idx.long()
     low, high = torch.aminmax(idx)
