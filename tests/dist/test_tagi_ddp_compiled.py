@@ -3,7 +3,7 @@ program) in sum mode equals one process stepping the global batch eagerly (contr
 replicas stay bit-identical (contract 2), and a step whose local batch has another size (a
 short last batch, a rank without a sample) runs the wrapper's eager loop, joining the same
 collectives. Traced with the "aot_eager" backend (the captured graph, no code generation), and
-stepped by the native library (an LSTM and Linear stack)."""
+stepped by the native library (an LSTM, Linear and ReLU stack)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,8 @@ F64 = torch.float64
 SIZES = [(3, 6), (3, 6), (3, 6), (3, 6), (1, 2), (0, 4)]
 
 
-def _net(seed: int, native: bool = False) -> Sequential:
+def _net(seed: int) -> Sequential:
     manual_seed(seed)
-    if native:  # the stacks the native step does: no activation layers
-        return Sequential(LSTM(2, 4, 3), Linear(12, 8), Linear(8, 1), dtype=F64)
     return Sequential(LSTM(2, 4, 3), Linear(12, 8), ReLU(), Linear(8, 1), dtype=F64)
 
 
@@ -38,9 +36,9 @@ def _batch(step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _compiled_world(rank: int, world_size: int, native: bool) -> dict:
     config = DDPConfig(device_ids=[], backend="gloo", rank=rank, world_size=world_size)
-    ddp = DDPSequential(_net(seed=rank, native=native), config)
+    ddp = DDPSequential(_net(seed=rank), config)
     step = ddp.compile(native=True) if native else ddp.compile(backend="aot_eager")
-    reference = _net(seed=0, native=native)
+    reference = _net(seed=0)
     worst = 0.0
     for k, sizes in enumerate(SIZES):
         x, y = _batch(k, sum(sizes))
