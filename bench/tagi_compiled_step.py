@@ -5,7 +5,7 @@
     .venv/bin/python bench/tagi_compiled_step.py --threads 2 [--no-thread-rule] --output F
         # eager on 2 threads; compiled with the engine's thread rule (or without: 2 threads)
     .venv/bin/python bench/tagi_compiled_step.py --native --cpp-wrapper --case 'lstm b5' ...
-        # the native step (LSTM and Linear stacks) beside inductor's two programs
+        # the native step (LSTM, Linear and ReLU stacks) beside inductor's two programs
 
 (bench/results/tagi_compiled_step.json)
 
@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from dptrain import tagi  # noqa: E402
 from dptrain.tagi.compiled import SINGLE_THREAD_WORK, CompiledStep  # noqa: E402
-from dptrain.tagi.native import NotNative, check_network  # noqa: E402
+from dptrain.tagi.native import UPDATES, NotNative, check_network  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import command_line  # noqa: E402
@@ -141,7 +141,7 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
                                          if thread_rule else None, native=False)
     tagi.manual_seed(0)
     network = build()
-    if native and update == "plain" and _native_applies(network):
+    if native and update in UPDATES and _native_applies(network):
         steppers["native"] = CompiledStep(network, update, native=True)
     data = batches(update, batch, width, out)
     for step in steppers.values():
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also inductor's cpp_wrapper (the program's glue as C++, not Python), "
                         "in the same alternation")
     p.add_argument("--native", action="store_true",
-                   help="also the native step (LSTM and Linear stacks), in the same alternation")
+                   help="also the native step (LSTM, Linear and ReLU stacks), in the same "
+                        "alternation")
     p.add_argument("--no-thread-rule", action="store_true",
                    help="compiled steps on --threads whatever their size (default: a small "
                         "step's program on one thread, SINGLE_THREAD_WORK)")

@@ -266,7 +266,9 @@ def test_a_run_killed_mid_epoch_chooses_the_same_link(tmp_path):
     assert (tmp_path / "killed" / "epochs.csv").read_bytes() == \
         (tmp_path / "clean" / "epochs.csv").read_bytes()
     # One process computes the same steps (uneven last batches) and the same reduced
-    # validation means, so it chooses the same link from the same figures.
+    # validation means, so it chooses the same link from the same figures. To float32
+    # rounding: the native step's products over a rank's 16 samples and one process's 32
+    # sum in another order (a difference of ~1e-6 after the 2 epochs).
     single = run(dptrain_cmd(*common, "--nproc", "1", "--out", str(tmp_path / "single")),
                  timeout_s=180)
     assert single.returncode == 0, single.output
@@ -275,4 +277,4 @@ def test_a_run_killed_mid_epoch_chooses_the_same_link(tmp_path):
             for name in ("clean", "single")]
     for two, one in zip(*rows):
         for key in ("val_ece", "val_log_likelihood", "test_ece"):
-            assert float(two[key]) == pytest.approx(float(one[key]), abs=1e-6), key
+            assert float(two[key]) == pytest.approx(float(one[key]), abs=1e-5), key
