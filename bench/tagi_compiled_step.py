@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from dptrain import tagi  # noqa: E402
 from dptrain.tagi.compiled import SINGLE_THREAD_WORK, CompiledStep  # noqa: E402
-from dptrain.tagi.native import UPDATES, NotNative, check_network  # noqa: E402
+from dptrain.tagi.native import NotNative, check_network  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import command_line  # noqa: E402
@@ -82,9 +82,9 @@ def cases() -> dict[str, tuple]:
             "lstm h64 b128": (_wide_lstm, "plain", 128, 48, 1)}
 
 
-def _native_applies(net: tagi.Sequential) -> bool:
+def _native_applies(net: tagi.Sequential, update: str) -> bool:
     try:
-        check_network(net)
+        check_network(net, update)
     except NotNative:
         return False
     return True
@@ -141,7 +141,7 @@ def measure(name: str, repeats: int, steps: int, cpp_wrapper: bool = False,
                                          if thread_rule else None, native=False)
     tagi.manual_seed(0)
     network = build()
-    if native and update in UPDATES and _native_applies(network):
+    if native and _native_applies(network, update):
         steppers["native"] = CompiledStep(network, update, native=True)
     data = batches(update, batch, width, out)
     for step in steppers.values():
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also inductor's cpp_wrapper (the program's glue as C++, not Python), "
                         "in the same alternation")
     p.add_argument("--native", action="store_true",
-                   help="also the native step (LSTM, Linear and ReLU stacks), in the same "
-                        "alternation")
+                   help="also the native step (LSTM, Linear, ReLU and EvenExp stacks), in the "
+                        "same alternation")
     p.add_argument("--no-thread-rule", action="store_true",
                    help="compiled steps on --threads whatever their size (default: a small "
                         "step's program on one thread, SINGLE_THREAD_WORK)")

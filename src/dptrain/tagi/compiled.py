@@ -221,8 +221,8 @@ class CompiledStep:
             if self.native is None and threads > 1 and \
                     self._loop_work(batch) * threads > NATIVE_WORK:
                 return None
-            found = self._natives[batch] = native_module.NativeStep(self.net, batch,
-                                                                    self._out_shape)
+            found = self._natives[batch] = native_module.NativeStep(
+                self.net, batch, self._out_shape, self.update)
         except native_module.NotNative as why:
             if self.native:
                 self._give_up(str(why))

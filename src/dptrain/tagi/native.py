@@ -1,5 +1,5 @@
-"""The compiled step of LSTM, Linear and ReLU stacks as a small native library (docs/tagi.md,
-Compiled step).
+"""The compiled step of LSTM, Linear and ReLU stacks (and an EvenExp head) as a small native
+library (docs/tagi.md, Compiled step).
 
 At pytagi's forecasting batches (an LSTM at batch 5) a whole step is ~70,000 multiply-adds;
 the code inductor generates for it runs them in ~30 µs but spends twice that allocating its
@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 
 from dptrain.tagi._inputs import as_input
-from dptrain.tagi.activations import ReLU
+from dptrain.tagi.activations import EvenExp, ReLU
 from dptrain.tagi.base import VAR_FLOOR
 from dptrain.tagi.linear import Linear
 from dptrain.tagi.lstm import LSTM
@@ -46,7 +46,8 @@ SOURCE = Path(__file__).with_name("native_step.c")
 #: -march=native where the compiler takes it (the cache key holds the CPU's flags)
 FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno",
          "-march=native")
-_KINDS = {Linear: 1, LSTM: 2, ReLU: 3}
+_KINDS = {Linear: 1, LSTM: 2, ReLU: 3, EvenExp: 4}
+_ACTIVATIONS = (ReLU, EvenExp)
 _WORDS, _HEAD = 8, 11  # the plan's words per layer and before the layers (native_step.c)
 _REALS = {torch.float32: (ctypes.c_float, "_f32"), torch.float64: (ctypes.c_double, "_f64")}
 
@@ -61,8 +62,8 @@ BLAS_MACS = 16384
 #: reads the deltas the other core wrote), the same at 64, 940 against 725 at 128.
 ONE_THREAD_WORK = 5_000_000
 
-#: the output updates the native step does (CompiledStep's names)
-UPDATES = ("plain", "indices")
+#: the output updates the native step does (CompiledStep's names), as native_step.c numbers them
+UPDATES = ("plain", "indices", "heteros")
 
 _loaded: tuple[ctypes.CDLL | None, str | None] | None = None
 _gemms: dict[torch.dtype, int] = {}  # the BLAS product per dtype (0: none)
@@ -217,9 +218,13 @@ def _run_compiler(command: list[str], flags: list[str]) -> None:
         raise OSError(f"{' '.join(command[:2])} failed: {done.stderr.strip()[:500]}")
 
 
-def check_network(net: Any) -> None:
+def check_network(net: Any, update: str = "plain") -> None:
     """NotNative unless `net` is a CPU stack of LSTM, Linear and ReLU layers the native step
-    does: a ReLU after a Linear, followed by a Linear or last."""
+    does with this output update: a ReLU after a Linear, followed by a Linear or last; an
+    EvenExp after a Linear, last; for the heteroscedastic update an even output width."""
+    if update not in UPDATES:
+        raise NotNative(f"the native step does the {', '.join(UPDATES)} updates, not "
+                        f"{update!r}")
     layers = list(net.layers)
     if net.device.type != "cpu":
         raise NotNative(f"the native step runs on the CPU, the network is on {net.device}")
@@ -230,12 +235,14 @@ def check_network(net: Any) -> None:
             list(net.descendants()) != layers:
         names = ", ".join(sorted({kind.__name__ for kind in kinds} - set(
             k.__name__ for k in _KINDS)))
-        raise NotNative(f"the native step takes stacks of LSTM, Linear and ReLU layers only"
-                        f"{' (not ' + names + ')' if names else ''}")
+        raise NotNative(f"the native step takes stacks of LSTM, Linear, ReLU and EvenExp "
+                        f"layers only{' (not ' + names + ')' if names else ''}")
     for before, layer, after in zip([None, *kinds], kinds, [*kinds[1:], None]):
         if layer is ReLU and (before is not Linear or after not in (Linear, None)):
             raise NotNative("the native step takes a ReLU only between Linear layers or "
                             "after the last")
+        if layer is EvenExp and (before is not Linear or after is not None):
+            raise NotNative("the native step takes an EvenExp only after the last Linear")
     if net.input_state_update:
         raise NotNative("the native step does not compute the input's innovations")
     width = None
@@ -245,15 +252,16 @@ def check_network(net: Any) -> None:
             raise NotNative(f"{layer.label} takes {inputs} values per sample, the layer "
                             f"before gives {width}")
         width = outputs
+    if update == "heteros" and (kinds[-1] is LSTM or width % 2):
+        raise NotNative("the heteroscedastic update needs (mean, noise) pairs: a (batch, "
+                        "even width) output")
 
 
 def not_native(net: Any, update: str = "plain") -> str | None:
     """Why `net` would not be stepped natively with this output update (None: it would, the
     library built or loaded here)."""
-    if update not in UPDATES:
-        return f"the native step does the plain and indexed updates, not {update!r}"
     try:
-        check_network(net)
+        check_network(net, update)
         library()
     except NotNative as why:
         return str(why)
@@ -262,7 +270,7 @@ def not_native(net: Any, update: str = "plain") -> str | None:
 
 def output_shape(net: Any, batch: int) -> tuple[int, ...] | None:
     """The shape of the eager forward's output for a network the native step does (None for
-    any other): (B, T, O) after an LSTM, (B, O) after a Linear or a ReLU."""
+    any other): (B, T, O) after an LSTM, (B, O) after a Linear or an activation."""
     try:
         check_network(net)
     except NotNative:
@@ -291,11 +299,11 @@ def loop_work(net: Any, batch: int) -> int:
 
 
 def _widths(layer: Any, before: int | None) -> tuple[int, int]:
-    """A layer's values per sample in and out (a ReLU's: the layer before's)."""
+    """A layer's values per sample in and out (an activation's: the layer before's)."""
     if isinstance(layer, LSTM):
         return layer.seq_len * layer.input_size, layer.seq_len * layer.output_size
-    if isinstance(layer, ReLU):
-        assert before is not None  # check_network: a ReLU follows a Linear
+    if isinstance(layer, _ACTIVATIONS):
+        assert before is not None  # check_network: an activation follows a Linear
         return before, before
     return layer.input_size, layer.output_size
 
@@ -306,10 +314,12 @@ class NativeStep:
     not one it does (an LSTM that starts from states set by `set_lstm_states`): the caller
     then steps eagerly."""
 
-    def __init__(self, net: Any, batch: int, out_shape: tuple[int, ...] | None = None) -> None:
+    def __init__(self, net: Any, batch: int, out_shape: tuple[int, ...] | None = None,
+                 update: str = "plain") -> None:
         """`out_shape`: the output's shape, as the eager forward gives it (default (B, width
-        of the last layer))."""
-        check_network(net)
+        of the last layer)). `update`: one of UPDATES, the output update of every step."""
+        check_network(net, update)
+        self.update = UPDATES.index(update)
         lib = library()
         self.net, self.batch = net, batch
         self.lstms = [layer for layer in net.layers if isinstance(layer, LSTM)]
@@ -320,8 +330,8 @@ class NativeStep:
         self.fn = getattr(lib, f"tagi_step{suffix}")
         self.fn.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self.fn.argtypes = [p, p, ctypes.c_int, p, p, i64, p, i64, ctypes.c_int, real, real,
-                            real, p, p]
+        self.fn.argtypes = [p, p, ctypes.c_int, ctypes.c_int, p, p, i64, p, i64, ctypes.c_int,
+                            real, real, real, p, p]
         self.params, self.deltas = net.flat_params, net.flat_deltas
         count = self.params.shape[1]
         for t in (self.params, self.deltas):
@@ -333,8 +343,8 @@ class NativeStep:
             width = outputs
             widest = max(widest, inputs, outputs)
             size = 2 * batch * outputs  # native_step.c, the plan's comment
-            if isinstance(layer, ReLU):
-                layers += [_KINDS[ReLU], inputs, outputs, 1, 0, -1, -1, scratch]
+            if isinstance(layer, _ACTIVATIONS):
+                layers += [_KINDS[type(layer)], inputs, outputs, 1, 0, -1, -1, scratch]
                 scratch += size + batch * outputs
                 continue
             if isinstance(layer, LSTM):
@@ -381,9 +391,10 @@ class NativeStep:
         """`factor`: the cap's c, or None to leave the capped step to the caller (data
         parallel: Δ is all-reduced first). `check_x`: check that x is finite, as the eager
         forward does (`as_input`), inside the call: a ValueError, and nothing written, if not.
-        `idx`: the 1-based observed outputs, (B, L) int64 (update_using_indices, `y` and
-        `noise` of its shape; their range is checked inside the call, a ValueError and nothing
-        written if one is out of it), or None for the plain update."""
+        `idx`: with the indexed update, the 1-based observed outputs, (B, L) int64
+        (update_using_indices, `y` and `noise` of its shape; their range is checked inside the
+        call, a ValueError and nothing written if one is out of it). The heteroscedastic
+        update reads `y` (B, half the output width) and not `noise`."""
         batch = self.batch
         for layer in self.lstms:  # the eager forward's bookkeeping of the previous states
             if layer._batch_size != batch or not layer._prev_zero:
@@ -403,14 +414,14 @@ class NativeStep:
         lo, hi = (-1.0 / factor, 1.0 / factor) if factor is not None else (0.0, 0.0)
         args = (x.data_ptr(), y.data_ptr(), idx_ptr, obs, noise.data_ptr(), noise_stride,
                 int(factor is not None), lo, hi, VAR_FLOOR, mu.data_ptr(), var.data_ptr())
-        failed = self.fn(self.plan_ptr, args[0], int(check_x), *args[1:])
+        failed = self.fn(self.plan_ptr, args[0], int(check_x), self.update, *args[1:])
         if failed == 2:  # an index out of range: the eager check raises, saying which
             _indices(idx, mu)
         elif failed:
             # the sum is not finite: the eager check finds the value and says where (or,
             # for a finite sum that overflowed, passes, and the step runs unchecked)
             as_input(x, None, x.dtype, x.device, True, allow_empty=True)
-            self.fn(self.plan_ptr, args[0], 0, *args[1:])
+            self.fn(self.plan_ptr, args[0], 0, self.update, *args[1:])
         # the parameters were written behind torch's back: bump their write counter (the
         # layers' weight caches are keyed on it)
         torch.autograd.graph.increment_version(self.params)

@@ -1,11 +1,12 @@
-/* One TAGI training step of a stack of LSTM, Linear and ReLU layers, as plain loops.
+/* One TAGI training step of a stack of LSTM, Linear and ReLU layers (and an EvenExp head), as
+ * plain loops.
  *
  * The native form of dptrain.tagi's compiled step (docs/tagi.md, Compiled step) for the
  * networks of pytagi's examples at their small batches (its forecasting LSTMs, its MNIST
  * FNN), where per-operation overhead is most of the time torch spends on a step.
  * The math is the eager layers' (lstm.py, linear.py, activations.py's ReLU,
- * output_updater.py's _innovations and update_using_indices, base.py's scale_deltas_ and
- * capped_update_); sums run in another order than torch's, so the two agree to rounding (the
+ * activations.py's EvenExp, output_updater.py's _innovations, update_using_indices and
+ * _agvi_innovations, base.py's scale_deltas_ and capped_update_); sums run in another order than torch's, so the two agree to rounding (the
  * compiled step's tolerances: 1e-12 in float64, 1e-6 in float32).
  * It is compiled twice, REAL = float and REAL = double, into one library (native.py builds
  * and loads it); every buffer is allocated by the caller, so a step allocates nothing.
@@ -23,19 +24,21 @@
  * forget gate reaches nothing: its pre-activation is not computed and its increments are
  * zero, as the eager coefficient a_f = J_f · c_prev = 0 makes them.
  *
- * A ReLU follows a Linear, and is followed by a Linear or ends the network (native.py
- * checks): its J multiplies the δ the next Linear passes down (or the output's innovations),
- * as in eager, where the backward skips activations.
+ * A ReLU follows a Linear, and is followed by a Linear or ends the network; an EvenExp (the
+ * heteroscedastic head) follows a Linear and ends it (native.py checks): an activation's J
+ * multiplies the δ the next Linear passes down (or the output's innovations), as in eager,
+ * where the backward skips activations.
  *
  * The plan (int64 words), per network: n_layers, batch, P, the addresses of `params`,
  * `deltas`, `work` and `grad`, the width of `grad`'s buffers, the BLAS product (0: none),
  * the fewest multiply-adds of a product that goes to it (native.BLAS_MACS),
  * MKL_Set_Num_Threads_Local (0: the products on the library's threads); then per layer
- *   kind (1 Linear, 2 LSTM, 3 ReLU), I, O, T (1 for Linear and ReLU), has_bias, w (offset of
+ *   kind (1 Linear, 2 LSTM, 3 ReLU, 4 EvenExp), I, O, T (1 but for an LSTM), has_bias, w (offset of
  *   the weights in a parameter row, or -1), b (offset of the biases, or -1), scratch (offset
  *   of the layer's buffers in `work`).
  * A layer's scratch: its output mean and variance (B x out width each); then for a Linear the
- * squares of its input (B x I), m_W² and m_W² + v_W (O x I each); for a ReLU its J (B x O);
+ * squares of its input (B x I), m_W² and m_W² + v_W (O x I each); for a ReLU or an EvenExp
+ * its J (B x O);
  * for an LSTM the three gate coefficients a_i, a_c, a_o (B*T x 3 x O) of the backward pass,
  * the transposed weights (lstm_transposed_size), the backward's accumulators (2 x I x 3·O)
  * and 12·O values for one row.
@@ -56,7 +59,8 @@
 #define CAT(a, b) CAT_(a, b)
 #define NAME(n) CAT(n, SUFFIX)
 
-enum { LINEAR = 1, LSTM = 2, RELU = 3, WORDS = 8, HEAD = 11 };
+enum { LINEAR = 1, LSTM = 2, RELU = 3, EVENEXP = 4, WORDS = 8, HEAD = 11 };
+enum { PLAIN = 0, INDICES = 1, HETEROS = 2 }; /* the output update */
 
 /* Fortran BLAS ?gemm_ (column-major, LP64 integers: native.py checks the one it finds) */
 /* MKL_Set_Num_Threads_Local: the BLAS library's threads for the calling thread */
@@ -112,10 +116,14 @@ static inline float tanh_f32(float x) {
 #define r_exp exp
 #define r_tanh tanh
 #define r_sqrt sqrt
+#define libm_exp exp
+#define libm_expm1 expm1
 #else
 #define r_exp exp_f32
 #define r_tanh tanh_f32
 #define r_sqrt sqrtf
+#define libm_exp expf /* a few values a step (the EvenExp head): libm's, as torch's */
+#define libm_expm1 expm1f
 #endif
 static inline REAL sigmoid(REAL x) { return (REAL)1 / ((REAL)1 + r_exp(-x)); }
 
@@ -431,6 +439,21 @@ static void lstm_backward(const int64_t *l, const REAL *t, const REAL *x, int64_
     }
 }
 
+/* EvenExp: (mean, log noise) pairs; the mean passes (J = 1), the noise becomes T = e^Z with
+ * m_T = exp(m_Z + v_Z/2), v_T = m_T² expm1(v_Z), J = m_T. `pairs`: B x targets. */
+static void evenexp_forward(int64_t pairs, const REAL *mz, const REAL *vz, REAL *ma, REAL *va,
+                            REAL *jcb) {
+    for (int64_t k = 0; k < 2 * pairs; k += 2) {
+        const REAL mt = libm_exp(mz[k + 1] + (REAL)0.5 * vz[k + 1]);
+        ma[k] = mz[k];
+        va[k] = vz[k];
+        jcb[k] = 1;
+        ma[k + 1] = mt;
+        va[k + 1] = mt * mt * libm_expm1(vz[k + 1]);
+        jcb[k + 1] = mt;
+    }
+}
+
 /* One observation's innovations (_innovations): δm = J (y − m)/(v + σ²), δv = −J²/(v + σ²),
  * both zero where δm is not finite (a NaN target). `jcb`: the output's J (a ReLU last), or 0. */
 static inline void innovation(REAL mu, REAL var, REAL y, REAL noise, const REAL *jcb,
@@ -444,6 +467,34 @@ static inline void innovation(REAL mu, REAL var, REAL y, REAL noise, const REAL 
     const int observed = isfinite(m);
     *dm = observed ? m : (REAL)0;
     *dv = observed ? v : (REAL)0;
+}
+
+/* The heteroscedastic (AGVI) update (_agvi_innovations) of (mean Y, noise T) output pairs,
+ * one target each: the noise V ~ N(0, T) of y = Y + V, its posterior through V², and T's
+ * through Cov(T, V²) = v_T; `jcb` the output's J (0: 1). All four δ of a pair are zero
+ * where their sum is not finite (a NaN target). */
+static void heteros_innovations(const REAL *mu, const REAL *var, const REAL *jcb,
+                                const REAL *y, int64_t pairs, REAL *dm, REAL *dv) {
+    for (int64_t k = 0; k < pairs; k++) {
+        const int64_t e = 2 * k, o = e + 1;
+        const REAL mu_y = mu[e], mu_t = mu[o], var_t = var[o];
+        const REAL inv_s = (REAL)1 / (var[e] + mu_t);
+        const REAL r = (y[k] - mu_y) * inv_s;
+        const REAL mean_v = mu_t * r, var_v = mu_t * ((REAL)1 - mu_t * inv_s);
+        const REAL mean_v_sq = mean_v * mean_v;
+        const REAL prior = (REAL)3 * var_t + (REAL)2 * mu_t * mu_t;
+        const REAL gain = var_t / prior;
+        REAL jv = (jcb ? jcb[o] : (REAL)1) / var_t;
+        jv = (isfinite(jv) ? jv : (REAL)0) * gain;
+        const REAL jy = jcb ? jcb[e] : (REAL)1;
+        const REAL d0 = jy * r, d1 = jv * (mean_v_sq + var_v - mu_t), d2 = -jy * jy * inv_s,
+                   d3 = jv * jv * ((REAL)2 * var_v * (var_v + (REAL)2 * mean_v_sq) - prior);
+        const int observed = isfinite(d0 + d1 + d2 + d3);
+        dm[e] = observed ? d0 : (REAL)0;
+        dm[o] = observed ? d1 : (REAL)0;
+        dv[e] = observed ? d2 : (REAL)0;
+        dv[o] = observed ? d3 : (REAL)0;
+    }
 }
 
 /* The plain update: every output observed. `noise` is one value (noise_stride 0) or one
@@ -509,11 +560,12 @@ static int blas_layer(const int64_t *plan, const int64_t *l) {
     return plan[8] && l[0] == LINEAR && plan[1] * l[1] * l[2] >= plan[9];
 }
 
-/* The whole step. x: (B, first layer's input width); y: (B, last width), or (B, obs) with
- * `idx` (B x obs 1-based outputs, pytagi's: update_using_indices; 0 for the plain update);
- * out_mu, out_var: the network's output before the update. Returns 0; or, writing nothing,
- * 1 when `check_x` is set and the sum of x is not finite, 2 when an index is out of range. */
-int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL *y,
+/* The whole step. x: (B, first layer's input width); `update` PLAIN (y: B x last width),
+ * INDICES (y: B x obs, at `idx`, B x obs 1-based outputs, pytagi's: update_using_indices) or
+ * HETEROS (y: B x half the last width; `noise` unused); out_mu, out_var: the network's output
+ * before the update. Returns 0; or, writing nothing, 1 when `check_x` is set and the sum of x
+ * is not finite, 2 when an index is out of range. */
+int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, int update, const REAL *y,
                     const int64_t *idx, int64_t obs, const REAL *noise, int64_t noise_stride,
                     int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor, REAL *out_mu,
                     REAL *out_var) {
@@ -530,7 +582,7 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL 
         for (int64_t k = 0; k < values; k++) sum += x[k];
         if (!isfinite(sum)) return 1;
     }
-    if (idx) {
+    if (update == INDICES) {
         const int64_t *last = plan + HEAD + (layers - 1) * WORDS, width = last[2] * last[3];
         int64_t outside = 0;
         for (int64_t r = 0; r < batch * obs; r++) outside += idx[r] < 1 || idx[r] > width;
@@ -545,6 +597,8 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL 
         REAL *mz = work + l[7], *vz = mz + batch * l[2] * l[3];
         if (l[0] == RELU) {
             relu_forward(batch * l[2], a, va, mz, vz, vz + batch * l[2]);
+        } else if (l[0] == EVENEXP) {
+            evenexp_forward(batch * l[2] / 2, a, va, mz, vz, vz + batch * l[2]);
         } else if (blas_layer(plan, l)) {
             linear_forward_blas(gemm, l, mw, vw, mb, vb, a, va, batch, mz, vz,
                                 vz + batch * l[2]);
@@ -561,18 +615,20 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, const REAL 
     }
     const int64_t *last = plan + HEAD + (layers - 1) * WORDS;
     const int64_t width = last[2] * last[3], outputs = batch * width;
-    const REAL *jcb = last[0] == RELU ? va + outputs : 0;
+    const REAL *jcb = last[0] == RELU || last[0] == EVENEXP ? va + outputs : 0;
     memcpy(out_mu, a, sizeof(REAL) * outputs);
     memcpy(out_var, va, sizeof(REAL) * outputs);
     REAL *dm = grad, *dv = grad + batch * grad_width;
     REAL *dm_next = dv + batch * grad_width, *dv_next = dm_next + batch * grad_width;
-    if (idx)
+    if (update == INDICES)
         indexed_innovations(a, va, jcb, y, noise, noise_stride, idx, batch, width, obs, dm, dv);
+    else if (update == HETEROS)
+        heteros_innovations(a, va, jcb, y, outputs / 2, dm, dv);
     else
         innovations(a, va, jcb, y, noise, noise_stride, outputs, dm, dv);
     for (int64_t n = layers - 1; n >= 0; n--) {
         const int64_t *l = plan + HEAD + n * WORDS;
-        if (l[0] == RELU) continue; /* its J is applied below, by the layer after it */
+        if (l[0] == RELU || l[0] == EVENEXP) continue; /* its J is applied already */
         const int64_t *below = n ? l - WORDS : 0;
         const REAL *in = n ? work + below[7] : x;
         const REAL *mw = params + l[5];
