@@ -206,6 +206,9 @@ def test_compiled_heteros_figures_are_its_json():
                f"{record['cpu_speed_ratio']:.2f}x per CPU second")
     _in_readme(f"({_rate(ours['cpu_samples_per_s'])} against "
                f"{_rate(theirs['cpu_samples_per_s'])} samples per CPU second")
+    before = _load("tagi_heteros_vs_pytagi_compiled.inductor.json")
+    _in_readme(f"inductor's program, before it, gave {before['speed_ratio']:.2f}x "
+               f"({before['cpu_speed_ratio']:.2f}x per CPU second")
 
 
 def test_lstm_accuracy_gap_figures_are_its_json():

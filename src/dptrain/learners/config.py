@@ -122,8 +122,8 @@ class LearnerConfig:
                                                   metadata=resumable(negative="no-compile"))
     """Each TAGI training step as one compiled call, with the same parameters as eager
     (docs/tagi.md, Compiled step): on, off, or auto (on for the networks the native step
-    does, stacks of LSTM, Linear and ReLU layers such as tagi-lstm and tagi-mlp, which it
-    takes in a second or two; off for the others, whose torch.compile program takes a
+    does, stacks of LSTM, Linear and ReLU layers (with or without the heteroscedastic head)
+    such as tagi-lstm and tagi-mlp, which it takes in a second or two; off for the others, whose torch.compile program takes a
     minute). Torch models: on
     puts the training forward and backward through torch.compile; auto is off. What cannot
     be captured or compiled trains eagerly, saying why."""

@@ -13,8 +13,8 @@ BatchNorm that synchronises its statistics across ranks, for one) is stepped eag
 on, after one log line saying why. The program's first step is eager too: it fixes the output
 shape the update checks against.
 
-A stack of LSTM, Linear and ReLU layers with the plain or the indexed update on the CPU is
-stepped by the native library instead (native.py): the same math as loops over buffers
+A stack of LSTM, Linear and ReLU layers (and an EvenExp head) with the plain, indexed or
+heteroscedastic update on the CPU is stepped by the native library instead (native.py): the same math as loops over buffers
 allocated once (its larger products in torch's BLAS library), without the generated program's
 allocations and Python wrappers, which were most of its time at pytagi's batches.
 """
@@ -54,8 +54,8 @@ FUSED_MATMUL_MACS = 32768
 #: parallel loop cost more than it takes off (bench/tagi_compiled_step.py, --threads 2).
 SINGLE_THREAD_WORK = 1_000_000
 
-#: With `native=None`, a network the native step does (LSTM, Linear and ReLU stacks, plain or
-#: indexed update, CPU) takes it on one thread whatever its size, and on more when the
+#: With `native=None`, a network the native step does (LSTM, Linear and ReLU stacks, an EvenExp
+#: head, CPU) takes it on one thread whatever its size, and on more when the
 #: parameters × batch size of the layers it steps as its own loops (`native.loop_work`: not a
 #: Linear whose products go to the BLAS library) × torch's thread count is at most this: the
 #: loops run on one thread, inductor's larger products are multithreaded BLAS calls. Measured (bench/tagi_compiled_step.py --native): on
@@ -86,7 +86,7 @@ class CompiledStep:
     is generated for, and run on, one thread (None: torch's thread count, always).
     `native`: step a stack of LSTM, Linear and ReLU layers with the native library (native.py)
     instead of a traced program: None where it applies and `NATIVE_WORK` says it wins (with
-    inductor, no `mode`, the plain or indexed update, on the CPU), True wherever it applies
+    inductor, no `mode`, on the CPU), True wherever it applies
     (a network it does not do then steps eagerly, after one log line), False never.
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.

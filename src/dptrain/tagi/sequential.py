@@ -347,8 +347,8 @@ class Sequential(Layer):
         `selected_idx=`, or "heteros"), backward and step, with the same parameters as the
         eager loop (docs/tagi.md, Compiled step). Falls back to eager, with one log line, for
         a network it cannot capture. `mode="reduce-overhead"` replays it as a CUDA graph.
-        `native`: a stack of LSTM, Linear and ReLU layers with the plain or indexed update
-        steps through the native library where it is measured faster (None), wherever it can
+        `native`: a stack of LSTM, Linear and ReLU layers (and an EvenExp head) steps
+        through the native library where it is measured faster (None), wherever it can
         (True), or never (False)."""
         return CompiledStep(self, update, backend=backend, mode=mode, native=native)
 
