@@ -14,9 +14,10 @@ on, after one log line saying why. The program's first step is eager too: it fix
 shape the update checks against.
 
 A stack of LSTM, Linear and ReLU layers (and an EvenExp head) with the plain, indexed or
-heteroscedastic update on the CPU is stepped by the native library instead (native.py): the same math as loops over buffers
-allocated once (its larger products in torch's BLAS library), without the generated program's
-allocations and Python wrappers, which were most of its time at pytagi's batches.
+heteroscedastic update on the CPU is stepped by the native library instead (native.py): the
+same math as loops over buffers allocated once (its larger products in torch's BLAS library),
+without the generated program's allocations and Python wrappers, which were most of its time
+at pytagi's batches.
 """
 
 from __future__ import annotations
@@ -55,13 +56,14 @@ FUSED_MATMUL_MACS = 32768
 SINGLE_THREAD_WORK = 1_000_000
 
 #: With `native=None`, a network the native step does (LSTM, Linear and ReLU stacks, an EvenExp
-#: head, CPU) takes it on one thread whatever its size, and on more when the
-#: parameters × batch size of the layers it steps as its own loops (`native.loop_work`: not a
-#: Linear whose products go to the BLAS library) × torch's thread count is at most this: the
-#: loops run on one thread, inductor's larger products are multithreaded BLAS calls. Measured (bench/tagi_compiled_step.py --native): on
-#: one thread the native step was 5.2x inductor's program on the LSTM example at batch 5 and
-#: 1.4x on a two-layer LSTM of 64 at batch 128 (6.6·10⁶); on 2 threads 3.8x at 0.2·10⁶ (the
-#: example at batch 256), 0.91x at 1.7·10⁶ and 0.77x at 6.6·10⁶.
+#: head, CPU) takes it on one thread whatever its size, and on more when the parameters × batch
+#: size of the layers it steps as its own loops (`native.loop_work`: not a Linear whose
+#: products go to the BLAS library) × torch's thread count is at most this: the loops run on
+#: one thread, inductor's larger products are multithreaded BLAS calls. Measured
+#: (bench/tagi_compiled_step.py --native, LSTM stacks): on one thread the native step was 5.2x
+#: inductor's program on the LSTM example at batch 5 and 1.4x on a two-layer LSTM of 64 at
+#: batch 128 (6.6·10⁶); on 2 threads 3.8x at 0.2·10⁶ (the example at batch 256), 0.91x at
+#: 1.7·10⁶ and 0.77x at 6.6·10⁶.
 NATIVE_WORK = 3_000_000
 
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
