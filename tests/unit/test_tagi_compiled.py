@@ -358,6 +358,22 @@ def test_native_products_in_blas_and_loops_agree(monkeypatch):
     assert torch.allclose(nets[0].flat_params, nets[1].flat_params, rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["float32", "float64"])
+def test_native_blas_products_take_32_and_64_bit_integers(dtype):
+    """The step's call of a Fortran ?gemm_ reads right whether the library's integers are 32
+    bits (LP64, `sgemm_`) or 64 (ILP64, MKL's `SGEMM_64`): both agree with torch on the
+    check's product, so either found first would do."""
+    from dptrain.tagi import native
+    letter = "s" if dtype == torch.float32 else "d"
+    found = {name: list(native._torch_symbols(name))
+             for name in (f"{letter}gemm_", f"{letter.upper()}GEMM_64")}
+    if not any(found.values()):
+        pytest.skip("torch exports no Fortran BLAS product here: the step's loops do them")
+    assert all(native._gemm_works(address, dtype)
+               for addresses in found.values() for address in addresses)
+    assert native.blas(dtype) == found[f"{letter}gemm_"][0]
+
+
 def test_native_step_checks_indices_like_eager():
     """An index out of range fails as the eager update does, naming it, and writes nothing."""
     build, x_shape, out, update = NATIVE["linear relu hrc"]

@@ -286,7 +286,9 @@ def output_shape(net: Any, batch: int) -> tuple[int, ...] | None:
 
 def loop_work(net: Any, batch: int) -> int:
     """Parameters x batch size of the layers the native step does as its own loops, on one
-    thread (the others' products are BLAS calls on torch's threads)."""
+    thread (the others' products are BLAS calls on torch's threads). NotNative for a network
+    it does not do."""
+    check_network(net)
     gemm = blas(net.dtype)
     work = 0
     for layer in net.layers:

@@ -62,21 +62,23 @@
 enum { LINEAR = 1, LSTM = 2, RELU = 3, EVENEXP = 4, WORDS = 8, HEAD = 11 };
 enum { PLAIN = 0, INDICES = 1, HETEROS = 2 }; /* the output update */
 
-/* Fortran BLAS ?gemm_ (column-major, LP64 integers: native.py checks the one it finds) */
 /* MKL_Set_Num_Threads_Local: the BLAS library's threads for the calling thread */
 typedef int (*threads_fn)(int);
-typedef void (*gemm_fn)(const char *, const char *, const int *, const int *, const int *,
-                        const REAL *, const REAL *, const int *, const REAL *, const int *,
-                        const REAL *, REAL *, const int *);
+
+/* Fortran BLAS ?gemm_ (column-major). Its integers are passed as pointers to int64 values:
+ * on a little-endian machine a library with 32-bit integers (LP64) reads their low half, one
+ * with 64-bit integers (ILP64) the whole, and both read the right value (native.py checks
+ * the library it finds on a small product first). */
+typedef void (*gemm_fn)(const char *, const char *, const int64_t *, const int64_t *,
+                        const int64_t *, const REAL *, const REAL *, const int64_t *,
+                        const REAL *, const int64_t *, const REAL *, REAL *, const int64_t *);
 
 /* C (M x N) = op(A) op(B) + beta C, all row-major: the column-major call on the transposes */
 static void gemm_rm(gemm_fn gemm, char ta, char tb, int64_t m, int64_t n, int64_t k,
                     const REAL *a, int64_t lda, const REAL *b, int64_t ldb, REAL beta, REAL *c,
                     int64_t ldc) {
-    const int cm = (int)n, cn = (int)m, ck = (int)k, la = (int)ldb, lb = (int)lda,
-              lc = (int)ldc;
     const REAL one = 1;
-    gemm(&tb, &ta, &cm, &cn, &ck, &one, b, &la, a, &lb, &beta, c, &lc);
+    gemm(&tb, &ta, &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
 }
 
 /* e^x and tanh for float as branch-free inline code the compiler vectorises (libm's are
