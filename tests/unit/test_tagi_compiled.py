@@ -371,7 +371,8 @@ def test_native_blas_products_take_32_and_64_bit_integers(dtype):
         pytest.skip("torch exports no Fortran BLAS product here: the step's loops do them")
     assert all(native._gemm_works(address, dtype)
                for addresses in found.values() for address in addresses)
-    assert native.blas(dtype) == found[f"{letter}gemm_"][0]
+    lp64 = found[f"{letter}gemm_"]
+    assert native.blas(dtype) == (lp64[0] if lp64 else 0)  # the step takes ?gemm_
 
 
 def test_native_step_checks_indices_like_eager():
