@@ -27,9 +27,9 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import torch
 
