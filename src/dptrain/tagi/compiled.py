@@ -184,14 +184,18 @@ class CompiledStep:
 
     step = __call__
 
-    def _stepped(self, batch: int, mu: torch.Tensor, var: torch.Tensor
+    def _stepped(self, batch: int, mu: torch.Tensor, var: torch.Tensor,
+                 native: native_module.NativeStep | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """After the program or the native call: what the eager loop leaves on the network,
-        and, data parallel, the all-reduce of the deltas and the capped step."""
+        and, data parallel, the all-reduce of the deltas and the capped step (the native
+        library's, after a native call)."""
         net = self.net
         self.compiled_steps += 1
         self._record(batch, mu, var)
-        if self._reduce is not None:
+        if self._reduce is not None and native is not None:
+            native.step(cap_factor(self._reduce()))
+        elif self._reduce is not None:
             saved, net.cap_batch_size = net.cap_batch_size, self._reduce()
             try:
                 net.step()
@@ -256,7 +260,7 @@ class CompiledStep:
         out = native(mu_x, y, noise, factor, check_x, idx)
         if out is None:  # LSTM states set by the user: the eager loop's
             return self._eager_step(mu_x, y, var_y, idx)
-        return self._stepped(batch, *out)
+        return self._stepped(batch, *out, native)
 
     def _small(self, batch: int) -> bool:
         """Whether the program (compiled at this batch) runs on one thread: fixed when it is

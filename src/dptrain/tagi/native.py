@@ -369,6 +369,9 @@ class NativeStep:
                 blas_threads_local() if count * batch <= ONE_THREAD_WORK else 0]
         self.plan = torch.tensor(head + layers, dtype=torch.int64)
         self.plan_ptr = self.plan.data_ptr()
+        self.capped_step = getattr(lib, f"capped_step{suffix}")
+        self.capped_step.restype = None
+        self.capped_step.argtypes = [p, real, real, real]
 
     def _offset(self, mu: torch.Tensor, var: torch.Tensor, count: int) -> int:
         """Where a layer's parameter group starts in the parameter rows (checked to be the
@@ -428,3 +431,9 @@ class NativeStep:
         # layers' weight caches are keyed on it)
         torch.autograd.graph.increment_version(self.params)
         return mu, var
+
+    def step(self, factor: float) -> None:
+        """The capped step with cap factor c of the deltas a call with `factor=None` left
+        (scaled, and all-reduced by the caller since): `Sequential.step()` in one pass."""
+        self.capped_step(self.plan_ptr, -1.0 / factor, 1.0 / factor, VAR_FLOOR)
+        torch.autograd.graph.increment_version(self.params)

@@ -528,9 +528,21 @@ static void indexed_innovations(const REAL *mu, const REAL *var, const REAL *jcb
         }
 }
 
-/* Δm = v g_m, Δv = v² g_v; then (do_step) m += clamp(Δm, ±bar), v += clamp(Δv, ±bar),
- * bar = sqrt(v_old)/c, and v ≤ 0 → var_floor: one pass over the parameters. cap_lo, cap_hi:
- * −1/c and 1/c as REAL. */
+/* One parameter's capped step: m += clamp(Δm, ±bar), v += clamp(Δv, ±bar), bar = sqrt(v)/c,
+ * and v ≤ 0 → var_floor (clamped as torch does: NaN stays NaN). lo, hi: −1/c and 1/c. */
+static inline void capped(REAL *restrict mu, REAL *restrict var, REAL dm, REAL dv, REAL lo,
+                          REAL hi, REAL var_floor) {
+    const REAL v = *var, root = r_sqrt(v), low = root * lo, high = root * hi;
+    REAL cm = dm < low ? low : dm, cv = dv < low ? low : dv;
+    cm = cm > high ? high : cm;
+    cv = cv > high ? high : cv;
+    *mu = *mu + cm;
+    const REAL nv = v + cv;
+    *var = nv > 0 ? nv : var_floor;
+}
+
+/* Δm = v g_m, Δv = v² g_v; then (do_step) the capped step, in the same pass over the
+ * parameters. cap_lo, cap_hi: −1/c and 1/c as REAL. */
 static void scaled_step(REAL *restrict params, REAL *restrict deltas, int64_t count,
                         int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor) {
     REAL *restrict mu = params, *restrict var = params + count, *restrict dm = deltas,
@@ -543,18 +555,21 @@ static void scaled_step(REAL *restrict params, REAL *restrict deltas, int64_t co
         }
         return;
     }
-    for (int64_t p = 0; p < count; p++) { /* clamp as torch's: NaN stays NaN */
+    for (int64_t p = 0; p < count; p++) {
         const REAL v = var[p], sm = dm[p] * v, sv = (dv[p] * v) * v;
         dm[p] = sm;
         dv[p] = sv;
-        const REAL root = r_sqrt(v), lo = root * cap_lo, hi = root * cap_hi;
-        REAL cm = sm < lo ? lo : sm, cv = sv < lo ? lo : sv;
-        cm = cm > hi ? hi : cm;
-        cv = cv > hi ? hi : cv;
-        mu[p] = mu[p] + cm;
-        const REAL nv = v + cv;
-        var[p] = nv > 0 ? nv : var_floor;
+        capped(mu + p, var + p, sm, sv, cap_lo, cap_hi, var_floor);
     }
+}
+
+/* The capped step alone, of deltas already scaled (data parallel: after their all-reduce). */
+void NAME(capped_step)(const int64_t *plan, REAL cap_lo, REAL cap_hi, REAL var_floor) {
+    const int64_t count = plan[2];
+    REAL *restrict params = (REAL *)plan[3], *restrict deltas = (REAL *)plan[4];
+    for (int64_t p = 0; p < count; p++)
+        capped(params + p, params + count + p, deltas[p], deltas[count + p], cap_lo, cap_hi,
+               var_floor);
 }
 
 /* Whether a Linear layer's products go to the BLAS library */
