@@ -337,6 +337,36 @@ def test_native_step_equals_eager(family, dtype, tol):
     _assert_same(eager, net, tol, out_tol)
 
 
+@pytest.mark.parametrize("family", ["lstm linear stack", "linear relu hrc", "evenexp heteros"])
+def test_native_predict_is_the_eager_evaluation_forward(family):
+    """`step.predict(x)`: the eager evaluation forward's (mu, var) (float64), at the training
+    batch size and another, nothing stepped, the network's mode kept; a network the native
+    step does not do gets the eager forward itself."""
+    build, x_shape, out, update = NATIVE[family]
+    eager, net = _pair(build)
+    step = net.compile(update, native=True)
+    g = torch.Generator().manual_seed(7)
+    for batch in (x_shape[0], 3):
+        x = torch.randn(batch, *x_shape[1:], generator=g, dtype=F64)
+        before = net.flat_params.clone()
+        mu, var = step.predict(x)
+        assert net.training and torch.equal(net.flat_params, before)
+        eager.eval()
+        want = eager(x)
+        eager.train()
+        for got, expected in zip((mu, var), want):
+            assert got.shape == expected.shape
+            assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12 * float(
+                expected.abs().max()))
+        assert step._predictors[batch] is not None
+    other = FAMILIES["batchnorm"][0]()
+    other.to(F64)
+    x = torch.randn(6, 4, dtype=F64)
+    mu, _ = other.compile(native=True).predict(x)
+    other.eval()
+    assert torch.equal(mu, other(x)[0])
+
+
 def test_native_products_in_blas_and_loops_agree(monkeypatch):
     """The same network stepped with its products in the BLAS library and as the library's
     own loops (torch exporting none) gives the same parameters (float64)."""
@@ -501,13 +531,14 @@ def test_learner_compile_steps_an_lstm_natively():
 
 
 def _learn_alike(learners, batches):
-    """The eager learner and the native one (second) give the same metrics (float64, 1e-12)
-    and parameters on `batches`, every step of the second native."""
+    """The eager learner and the native one (second) give the same metrics (float64, 1e-12),
+    training and evaluating, and parameters on `batches`, every step of the second native."""
     for batch in batches:
-        want, got = (learner.train_step(batch) for learner in learners)
-        for key in want:
-            assert torch.allclose(torch.as_tensor(got[key], dtype=F64),
-                                  torch.as_tensor(want[key], dtype=F64), rtol=1e-12), key
+        for method in ("train_step", "eval_step"):
+            want, got = (getattr(learner, method)(batch) for learner in learners)
+            for key in want:
+                assert torch.allclose(torch.as_tensor(got[key], dtype=F64),
+                                      torch.as_tensor(want[key], dtype=F64), rtol=1e-12), key
     compiled = learners[1].compiled
     assert compiled is not None and compiled.compiled_steps == len(batches)
     assert list(compiled._natives)

@@ -231,9 +231,12 @@ class TagiLearner:
     def eval_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
         x, y = batch
-        net.eval()
-        mu, var = net(x)
-        net.train()
+        if self.compiled is not None:  # the native library's forward where it steps natively
+            mu, var = self.compiled.predict(x)
+        else:
+            net.eval()
+            mu, var = net(x)
+            net.train()
         if self.hrc is None:
             metrics = self._metrics(mu, var, y)
         else:

@@ -125,6 +125,7 @@ class CompiledStep:
         self.native = native
         self._natives: dict[int, native_module.NativeStep] = {}  # per batch size
         self._loop_works: dict[tuple, int] = {}
+        self._predictors: dict[int, native_module.NativeStep | None] = {}  # per batch size
         self._native_off = native is False or (native is None and (
             update not in native_module.UPDATES or backend != "inductor" or mode is not None))
         self._layers = list(net.descendants())
@@ -184,6 +185,25 @@ class CompiledStep:
 
     step = __call__
 
+    def predict(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The evaluation forward of `x`, (mu, var) of the output: what `net.eval(); net(x)`
+        returns, the network left in its mode and nothing stepped. Through the native library
+        where the network's training step is native (its products on torch's threads), else
+        the eager forward."""
+        net = self.net
+        mu_x, _ = as_input(x, None, net.dtype, net.device, False, net.input_sample_shape(),
+                           allow_empty=True)
+        predictor = self._predictor(mu_x.shape[0]) if mu_x.shape[0] else None
+        out = None if predictor is None else predictor.forward(mu_x, net.check_inputs)
+        if out is not None:
+            return out
+        training = net.training
+        net.eval()
+        try:
+            return net(mu_x)
+        finally:
+            net.train(training)
+
     def _stepped(self, batch: int, mu: torch.Tensor, var: torch.Tensor,
                  native: native_module.NativeStep | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,6 +256,26 @@ class CompiledStep:
                 log.info("compile: %s; using inductor's program", why)
             self._native_off = True
             return None
+        return found
+
+    def _predictor(self, batch: int) -> native_module.NativeStep | None:
+        """The native library's plan for evaluation forwards of this batch size, where it
+        would step the network (None: the eager forward)."""
+        if self._native_off:
+            return None
+        if batch in self._predictors:
+            found = self._predictors[batch]
+            if found is None or found.current():
+                return found
+        try:
+            found = None
+            if self.native is not None or torch.get_num_threads() == 1 or \
+                    self._loop_work(batch) * torch.get_num_threads() <= NATIVE_WORK:
+                found = native_module.NativeStep(
+                    self.net, batch, native_module.output_shape(self.net, batch), self.update)
+        except native_module.NotNative:
+            found = None
+        self._predictors[batch] = found
         return found
 
     def _loop_work(self, batch: int) -> int:

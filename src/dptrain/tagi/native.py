@@ -373,6 +373,9 @@ class NativeStep:
         self.capped_step = getattr(lib, f"capped_step{suffix}")
         self.capped_step.restype = None
         self.capped_step.argtypes = [p, real, real, real]
+        self.forward_fn = getattr(lib, f"tagi_forward{suffix}")
+        self.forward_fn.restype = ctypes.c_int
+        self.forward_fn.argtypes = [p, p, ctypes.c_int, p, p]
 
     def _offset(self, mu: torch.Tensor, var: torch.Tensor, count: int) -> int:
         """Where a layer's parameter group starts in the parameter rows (checked to be the
@@ -401,12 +404,8 @@ class NativeStep:
         (update_using_indices, `y` and `noise` of its shape; their range is checked inside the
         call, a ValueError and nothing written if one is out of it). The heteroscedastic
         update reads `y` (B, half the output width) and not `noise`."""
-        batch = self.batch
-        for layer in self.lstms:  # the eager forward's bookkeeping of the previous states
-            if layer._batch_size != batch or not layer._prev_zero:
-                layer._previous_states(batch, x)
-                if not layer._prev_zero:
-                    return None
+        if not self._zero_states(x):
+            return None
         x, y = x.contiguous(), y.contiguous()
         noise_stride = 0 if noise.numel() == 1 else 1
         if noise_stride:
@@ -432,6 +431,31 @@ class NativeStep:
         # layers' weight caches are keyed on it)
         torch.autograd.graph.increment_version(self.params)
         return mu, var
+
+    def forward(self, x: torch.Tensor, check_x: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The evaluation forward of `x`: (mu, var) of the output, the eager forward's moments,
+        nothing stepped (its products on torch's threads). `check_x` and None as `__call__`."""
+        if not self._zero_states(x):
+            return None
+        x = x.contiguous()
+        mu = torch.empty(self.out_shape, dtype=self.params.dtype)
+        var = torch.empty(self.out_shape, dtype=self.params.dtype)
+        if self.forward_fn(self.plan_ptr, x.data_ptr(), int(check_x), mu.data_ptr(),
+                           var.data_ptr()):
+            as_input(x, None, x.dtype, x.device, True, allow_empty=True)
+            self.forward_fn(self.plan_ptr, x.data_ptr(), 0, mu.data_ptr(), var.data_ptr())
+        return mu, var
+
+    def _zero_states(self, x: torch.Tensor) -> bool:
+        """The eager forward's bookkeeping of the LSTMs' previous states; False where one
+        starts from states set by `set_lstm_states` (not the native step's)."""
+        for layer in self.lstms:
+            if layer._batch_size != self.batch or not layer._prev_zero:
+                layer._previous_states(self.batch, x)
+                if not layer._prev_zero:
+                    return False
+        return True
 
     def step(self, factor: float) -> None:
         """The capped step with cap factor c of the deltas a call with `factor=None` left

@@ -572,41 +572,29 @@ void NAME(capped_step)(const int64_t *plan, REAL cap_lo, REAL cap_hi, REAL var_f
                var_floor);
 }
 
+/* The eager check of the input: its sum is finite (else the caller looks for the value). */
+static int finite_input(const int64_t *plan, const REAL *x) {
+    const int64_t *first = plan + HEAD;
+    const int64_t values = plan[1] * first[1] * first[3];
+    REAL sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t k = 0; k < values; k++) sum += x[k];
+    return isfinite(sum);
+}
+
 /* Whether a Linear layer's products go to the BLAS library */
 static int blas_layer(const int64_t *plan, const int64_t *l) {
     return plan[8] && l[0] == LINEAR && plan[1] * l[1] * l[2] >= plan[9];
 }
 
-/* The whole step. x: (B, first layer's input width); `update` PLAIN (y: B x last width),
- * INDICES (y: B x obs, at `idx`, B x obs 1-based outputs, pytagi's: update_using_indices) or
- * HETEROS (y: B x half the last width; `noise` unused); out_mu, out_var: the network's output
- * before the update. Returns 0; or, writing nothing, 1 when `check_x` is set and the sum of x
- * is not finite, 2 when an index is out of range. */
-int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, int update, const REAL *y,
-                    const int64_t *idx, int64_t obs, const REAL *noise, int64_t noise_stride,
-                    int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor, REAL *out_mu,
-                    REAL *out_var) {
-    const int64_t layers = plan[0], batch = plan[1], count = plan[2], grad_width = plan[7];
-    REAL *params = (REAL *)plan[3], *deltas = (REAL *)plan[4], *work = (REAL *)plan[5],
-         *grad = (REAL *)plan[6];
+/* The forward moments of every layer into its scratch; the output's mean is returned and
+ * its variance left in *va_out. */
+static const REAL *forward(const int64_t *plan, const REAL *x, const REAL **va_out) {
+    const int64_t layers = plan[0], batch = plan[1], count = plan[2];
+    const REAL *params = (const REAL *)plan[3];
+    REAL *work = (REAL *)plan[5];
     const gemm_fn gemm = (gemm_fn)plan[8];
     const REAL *a = x, *va = 0;
-    if (check_x) { /* the eager check: the input's sum is finite (else the caller looks) */
-        const int64_t *first = plan + HEAD;
-        const int64_t values = batch * first[1] * first[3];
-        REAL sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t k = 0; k < values; k++) sum += x[k];
-        if (!isfinite(sum)) return 1;
-    }
-    if (update == INDICES) {
-        const int64_t *last = plan + HEAD + (layers - 1) * WORDS, width = last[2] * last[3];
-        int64_t outside = 0;
-        for (int64_t r = 0; r < batch * obs; r++) outside += idx[r] < 1 || idx[r] > width;
-        if (outside) return 2;
-    }
-    const threads_fn local_threads = (threads_fn)plan[10];
-    const int threads_before = local_threads ? local_threads(1) : 0;
     for (int64_t n = 0; n < layers; n++) {
         const int64_t *l = plan + HEAD + n * WORDS;
         const REAL *mw = params + l[5], *vw = params + count + l[5];
@@ -630,6 +618,33 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, int update,
         a = mz;
         va = vz;
     }
+    *va_out = va;
+    return a;
+}
+
+/* The whole step. x: (B, first layer's input width); `update` PLAIN (y: B x last width),
+ * INDICES (y: B x obs, at `idx`, B x obs 1-based outputs, pytagi's: update_using_indices) or
+ * HETEROS (y: B x half the last width; `noise` unused); out_mu, out_var: the network's output
+ * before the update. Returns 0; or, writing nothing, 1 when `check_x` is set and the sum of x
+ * is not finite, 2 when an index is out of range. */
+int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, int update, const REAL *y,
+                    const int64_t *idx, int64_t obs, const REAL *noise, int64_t noise_stride,
+                    int do_step, REAL cap_lo, REAL cap_hi, REAL var_floor, REAL *out_mu,
+                    REAL *out_var) {
+    const int64_t layers = plan[0], batch = plan[1], count = plan[2], grad_width = plan[7];
+    REAL *params = (REAL *)plan[3], *deltas = (REAL *)plan[4], *work = (REAL *)plan[5],
+         *grad = (REAL *)plan[6];
+    const gemm_fn gemm = (gemm_fn)plan[8];
+    if (check_x && !finite_input(plan, x)) return 1;
+    if (update == INDICES) {
+        const int64_t *last = plan + HEAD + (layers - 1) * WORDS, width = last[2] * last[3];
+        int64_t outside = 0;
+        for (int64_t r = 0; r < batch * obs; r++) outside += idx[r] < 1 || idx[r] > width;
+        if (outside) return 2;
+    }
+    const threads_fn local_threads = (threads_fn)plan[10];
+    const int threads_before = local_threads ? local_threads(1) : 0;
+    const REAL *va, *a = forward(plan, x, &va);
     const int64_t *last = plan + HEAD + (layers - 1) * WORDS;
     const int64_t width = last[2] * last[3], outputs = batch * width;
     const REAL *jcb = last[0] == RELU || last[0] == EVENEXP ? va + outputs : 0;
@@ -676,6 +691,20 @@ int NAME(tagi_step)(const int64_t *plan, const REAL *x, int check_x, int update,
     }
     scaled_step(params, deltas, count, do_step, cap_lo, cap_hi, var_floor);
     if (local_threads) local_threads(threads_before);
+    return 0;
+}
+
+/* The forward alone (an evaluation forward: the same moments, nothing stepped), its products
+ * on the BLAS library's threads. Returns 0, or 1 (writing nothing) when `check_x` is set and
+ * the sum of x is not finite. */
+int NAME(tagi_forward)(const int64_t *plan, const REAL *x, int check_x, REAL *out_mu,
+                       REAL *out_var) {
+    if (check_x && !finite_input(plan, x)) return 1;
+    const int64_t *last = plan + HEAD + (plan[0] - 1) * WORDS;
+    const int64_t outputs = plan[1] * last[2] * last[3];
+    const REAL *va, *a = forward(plan, x, &va);
+    memcpy(out_mu, a, sizeof(REAL) * outputs);
+    memcpy(out_var, va, sizeof(REAL) * outputs);
     return 0;
 }
 

@@ -349,7 +349,8 @@ class Sequential(Layer):
         a network it cannot capture. `mode="reduce-overhead"` replays it as a CUDA graph.
         `native`: a stack of LSTM, Linear and ReLU layers (and an EvenExp head) steps
         through the native library where it is measured faster (None), wherever it can
-        (True), or never (False)."""
+        (True), or never (False). `step.predict(x)` is the evaluation forward, through the
+        same library where the step is native."""
         return CompiledStep(self, update, backend=backend, mode=mode, native=native)
 
     # ------------------------------------------------------------------ modes, devices, state
