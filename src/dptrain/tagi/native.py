@@ -44,9 +44,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_step.c")
 #: -march=native where the compiler takes it (the cache key holds the CPU's flags)
-#: -ffp-contract=off: a * b + c rounds twice, as written and as torch's elementwise ops do
 FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno",
-         "-ffp-contract=off", "-march=native")
+         "-march=native")
 _KINDS = {Linear: 1, LSTM: 2, ReLU: 3, EvenExp: 4}
 _ACTIVATIONS = (ReLU, EvenExp)
 _WORDS, _HEAD = 8, 11  # the plan's words per layer and before the layers (native_step.c)
