@@ -123,8 +123,8 @@ class LearnerConfig:
     """Each TAGI training step as one compiled call, with the same parameters as eager
     (docs/tagi.md, Compiled step): on, off, or auto (on for the networks the native step
     does, stacks of LSTM, Linear and ReLU layers (with or without the heteroscedastic head)
-    such as tagi-lstm and tagi-mlp, which it takes in a second or two; off for the others, whose torch.compile program takes a
-    minute). Torch models: on
+    such as tagi-lstm and tagi-mlp, which it takes in a second or two; off for the others,
+    whose torch.compile program takes a minute). Torch models: on
     puts the training forward and backward through torch.compile; auto is off. What cannot
     be captured or compiled trains eagerly, saying why."""
     lr: float = 3e-3

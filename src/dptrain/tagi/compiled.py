@@ -88,8 +88,9 @@ class CompiledStep:
     is generated for, and run on, one thread (None: torch's thread count, always).
     `native`: step a stack of LSTM, Linear and ReLU layers with the native library (native.py)
     instead of a traced program: None where it applies and `NATIVE_WORK` says it wins (with
-    inductor, no `mode`, on the CPU), True wherever it applies
-    (a network it does not do then steps eagerly, after one log line), False never.
+    inductor, no `mode`, on the CPU), True wherever it applies (a network it does not do
+    then steps eagerly, after one log line), False never. `predict(x)`: the evaluation
+    forward, through the same library where the step is native.
 
     Returns (mu, var) of the output before the update, like the forward of the eager loop.
     """
