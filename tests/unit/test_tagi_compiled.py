@@ -338,10 +338,15 @@ def test_native_step_equals_eager(family, dtype, tol):
 
 
 @pytest.mark.parametrize("family", ["lstm linear stack", "linear relu hrc", "evenexp heteros"])
-def test_native_predict_is_the_eager_evaluation_forward(family):
+def test_native_predict_is_the_eager_evaluation_forward(family, monkeypatch):
     """`step.predict(x)`: the eager evaluation forward's (mu, var) (float64), at the training
-    batch size and another, nothing stepped, the network's mode kept; a network the native
-    step does not do gets the eager forward itself."""
+    batch size and another, through the library's forward, nothing stepped, the network's
+    mode kept; a network the native step does not do gets the eager forward itself."""
+    from dptrain.tagi import native
+    forwards = []
+    library_forward = native.NativeStep.forward
+    monkeypatch.setattr(native.NativeStep, "forward", lambda self, *args: forwards.append(
+        library_forward(self, *args)) or forwards[-1])
     build, x_shape, out, update = NATIVE[family]
     eager, net = _pair(build)
     step = net.compile(update, native=True)
@@ -358,7 +363,8 @@ def test_native_predict_is_the_eager_evaluation_forward(family):
             assert got.shape == expected.shape
             assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12 * float(
                 expected.abs().max()))
-        assert step._predictors[batch] is not None
+        assert forwards[-1] is not None and forwards[-1][0] is mu  # the library's, not eager
+    assert len(forwards) == 2
     other = FAMILIES["batchnorm"][0]()
     other.to(F64)
     x = torch.randn(6, 4, dtype=F64)
@@ -542,6 +548,8 @@ def _learn_alike(learners, batches):
     compiled = learners[1].compiled
     assert compiled is not None and compiled.compiled_steps == len(batches)
     assert list(compiled._natives)
+    # the evaluations went through the library's forward
+    assert compiled._predictors and None not in compiled._predictors.values()
     _assert_same(learners[0].model, learners[1].model)
 
 

@@ -243,10 +243,8 @@ class CompiledStep:
         found = self._natives.get(batch)
         if found is not None and found.current():
             return found
-        threads = torch.get_num_threads()
         try:
-            if self.native is None and threads > 1 and \
-                    self._loop_work(batch) * threads > NATIVE_WORK:
+            if not self._native_pays(batch):
                 return None
             found = self._natives[batch] = native_module.NativeStep(
                 self.net, batch, self._out_shape, self.update)
@@ -269,15 +267,22 @@ class CompiledStep:
             if found is None or found.current():
                 return found
         try:
-            found = None
-            if self.native is not None or torch.get_num_threads() == 1 or \
-                    self._loop_work(batch) * torch.get_num_threads() <= NATIVE_WORK:
-                found = native_module.NativeStep(
-                    self.net, batch, native_module.output_shape(self.net, batch), self.update)
+            if not self._native_pays(batch):
+                return None
+            found = native_module.NativeStep(
+                self.net, batch, native_module.output_shape(self.net, batch), self.update)
         except native_module.NotNative:
             found = None
         self._predictors[batch] = found
         return found
+
+    def _native_pays(self, batch: int) -> bool:
+        """Whether the native library takes this batch size on torch's present thread count:
+        always with `native=True`, else where `NATIVE_WORK` says it wins. NotNative for a
+        network it does not do."""
+        threads = torch.get_num_threads()
+        return bool(self.native) or threads == 1 or \
+            self._loop_work(batch) * threads <= NATIVE_WORK
 
     def _loop_work(self, batch: int) -> int:
         key = (batch, self.net.dtype)  # `to()` may change what goes to the BLAS library
