@@ -172,6 +172,11 @@ def test_compiled_fnn_figures_are_its_json():
                f"{one_thread['ratio']:.2f}x on one")
     big = next(r for r in _load("tagi_vs_pytagi_b256_compiled.json")["results"]
                if r["phase"] == "train")
+    ddp = _load("tagi_native_ddp_step.json")
+    eager_ms, native_ms = (ddp["rows"][name]["ms"] for name in ("eager step()",
+                                                               "native capped step"))
+    _in_readme(f"took {eager_ms:.3f} ms with the eager capped step after the all-reduce and "
+               f"{native_ms:.3f} ms with the library's, **{ddp['speedup']:.2f}x**")
     eager = next(r for r in _load("tagi_vs_pytagi.json")["results"]
                  if (r["phase"], r["batch_size"]) == ("train", 256))
     _in_readme(f"trains at {_rate(big['ours_samples_per_s'])} samples/s against pytagi's "
