@@ -158,15 +158,18 @@ class CompiledStep:
         mu_x, _ = as_input(x, None, net.dtype, net.device, net.check_inputs and not deferred,
                            net.input_sample_shape(),
                            allow_empty=net.allow_empty_batch or self._reduce is not None)
-        if self._out_shape is None and mu_x.shape[0] and not self._native_off:
-            self._first_native(mu_x.shape[0])
+        # the native step takes every batch size (a short last batch too), from the first
+        # step: which steps are native never depends on what ran before, so a resumed run
+        # steps as the uninterrupted one did
+        native = self._native_step(mu_x.shape[0]) if mu_x.shape[0] and \
+            self.fallback_reason is None else None
+        if native is not None:
+            y, noise, idx = self._checked_targets(y, var_y, selected_idx, native.out_shape)
+            return self._native_call(native, mu_x, y, noise, var_y, deferred, idx)
         if self._out_shape is None or self.fallback_reason is not None or \
                 mu_x.shape[0] != self._out_shape[0]:
             return self._eager_step(mu_x, y, var_y, selected_idx)
-        native = self._native_step(mu_x.shape[0])
-        y, noise, idx = self._checked_targets(y, var_y, selected_idx, native is None)
-        if native is not None:
-            return self._native_call(native, mu_x, y, noise, var_y, deferred, idx)
+        y, noise, idx = self._checked_targets(y, var_y, selected_idx)
         self._check_deferred(mu_x, deferred)
         if self.fallback_reason is not None:  # native=True, and the network is not native
             return self._eager_step(mu_x, y, var_y, selected_idx)
@@ -224,17 +227,6 @@ class CompiledStep:
                 net.cap_batch_size = saved
         return mu, var
 
-    def _first_native(self, batch: int) -> None:
-        """A network the native step takes from its first step: the output shape the update
-        checks against comes from its layers, not from a first eager step (so every step of a
-        run, resumed or not, is the native one)."""
-        shape = native_module.output_shape(self.net, batch)
-        if shape is None:
-            return
-        self._out_shape = torch.Size(shape)
-        if self._native_step(batch) is None:  # the program's, after an eager first step
-            self._out_shape = None
-
     def _native_step(self, batch: int) -> native_module.NativeStep | None:
         """The native step for this batch size, made at its first use; None where the traced
         program (or, with `native=True`, the eager loop) steps instead."""
@@ -247,7 +239,7 @@ class CompiledStep:
             if not self._native_pays(batch):
                 return None
             found = self._natives[batch] = native_module.NativeStep(
-                self.net, batch, self._out_shape, self.update)
+                self.net, batch, native_module.output_shape(self.net, batch), self.update)
         except native_module.NotNative as why:
             if self.native:
                 self._give_up(str(why))
@@ -346,13 +338,16 @@ class CompiledStep:
             like = self._likes[key] = torch.empty(0, dtype=key[0], device=key[1])
         return like
 
-    def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any, check_idx: bool = True
+    def _checked_targets(self, y: Any, var_y: Any, selected_idx: Any,
+                         native_out: tuple[int, ...] | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The eager update's checks, made before the program runs (they read values).
-        `check_idx=False`: the indices' range is left to the native call, which checks it
-        (they come back 1-based, as given)."""
+        """The eager update's checks, made before the program runs (they read values), against
+        the program's output shape. `native_out`: a native call's output shape instead; the
+        indices' range is then left to the call, which checks it (they come back 1-based, as
+        given)."""
         like = self._like()
-        out = self._out_shape
+        out = native_out if native_out is not None else self._out_shape
+        check_idx = native_out is None
         assert out is not None
         if self.update == "heteros":
             return (_shaped_like(y, torch.Size((out[0], out[1] // 2)), like, "mu_obs"),
