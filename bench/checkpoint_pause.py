@@ -33,7 +33,7 @@ from _machine import command_line, cpu_model  # noqa: E402
 
 from dptrain.data.datasets.registry import load_dataset  # noqa: E402
 from dptrain.data.datasets.synthetic import write_synthetic_cifar10  # noqa: E402
-from dptrain.dist import init_distributed  # noqa: E402
+from dptrain.runtime import init_distributed  # noqa: E402
 from dptrain.learners.build import create_learner, model_defaults  # noqa: E402
 from dptrain.learners.config import LearnerConfig, ModelConfig  # noqa: E402
 from dptrain.train import TrainConfig, Trainer  # noqa: E402

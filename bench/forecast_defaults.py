@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import command_line, cpu_model  # noqa: E402
 
 from dptrain.data.config import DataConfig, load_split  # noqa: E402
-from dptrain.dist import Runtime  # noqa: E402
-from dptrain.dist.env import SINGLE  # noqa: E402
+from dptrain.runtime import Runtime  # noqa: E402
+from dptrain.runtime.env import SINGLE  # noqa: E402
 from dptrain.learners.build import create_learner, model_defaults  # noqa: E402
 from dptrain.learners.config import LearnerConfig, ModelConfig  # noqa: E402
 from dptrain.learners.forecast import (  # noqa: E402

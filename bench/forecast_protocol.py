@@ -41,8 +41,8 @@ from dptrain.data.datasets.covariates import parse_feature_list, time_features  
 from dptrain.data.datasets.covariates import with_covariates  # noqa: E402
 from dptrain.data.datasets.series import series_split  # noqa: E402
 from dptrain.data.datasets.synthetic_series import load_hourly  # noqa: E402
-from dptrain.dist import Runtime  # noqa: E402
-from dptrain.dist.env import SINGLE  # noqa: E402
+from dptrain.runtime import Runtime  # noqa: E402
+from dptrain.runtime.env import SINGLE  # noqa: E402
 from dptrain.learners.build import create_learner, model_defaults  # noqa: E402
 from dptrain.learners.config import LearnerConfig, ModelConfig  # noqa: E402
 from dptrain.learners.forecast import calibrated_test, forecast_metrics, forecast_part  # noqa: E402

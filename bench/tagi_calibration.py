@@ -51,8 +51,8 @@ from torch import nn
 from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.datasets.blobs import bayes_probabilities
 from dptrain.data.loader import fetch_batch
-from dptrain.dist import Runtime, means
-from dptrain.dist.env import SINGLE
+from dptrain.runtime import Runtime, means
+from dptrain.runtime.env import SINGLE
 from dptrain.learners.build import create_learner
 from dptrain.learners.calibration import (calibration_sums, expected_calibration_error,
                                           pop_calibration)

@@ -38,7 +38,7 @@ import torch
 from dptrain.data import load_dataset
 from dptrain.data.datasets.holdout import hold_out
 from dptrain.data.loader import fetch_batch
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.build import create_learner
 from dptrain.learners.calibration import (calibration_sums, expected_calibration_error,
                                           pop_calibration)

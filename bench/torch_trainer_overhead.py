@@ -174,7 +174,7 @@ def _worker(rank: int, repeat: int, batch: int, steps: int, epochs: int, tmp: st
                             timeout=timedelta(seconds=300))
     importlib.import_module("torch._dynamo")  # DDP's first construction imports it (~5 s here)
     from dptrain.data import ArrayDataset, Split
-    from dptrain.dist import init_distributed
+    from dptrain.runtime import init_distributed
     from dptrain.learners import TorchLearner
     from dptrain.train import TrainConfig, Trainer, params_sha256
 

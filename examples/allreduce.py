@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from dptrain.dist import all_reduce_flat, distributed, rank_zero_print
+from dptrain.runtime import all_reduce_flat, distributed, rank_zero_print
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--numel", type=int, default=4, help="elements per tensor")

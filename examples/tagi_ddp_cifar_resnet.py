@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from dptrain.data import ShardedSampler, load_cifar10
 from dptrain.data.datasets.synthetic import write_synthetic_cifar10
-from dptrain.dist import means, rank_zero_print, reduce_sum_count
+from dptrain.runtime import means, rank_zero_print, reduce_sum_count
 from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, HRCSoftmax, LayerBlock, Linear,
                           MixtureReLU, OutputUpdater, ResNetBlock, Sequential, manual_seed)
 from dptrain.tagi.ddp import DDPConfig, DDPSequential

@@ -14,7 +14,7 @@ import argparse
 from tqdm import tqdm
 
 from dptrain.data import ArrayDataset, ShardedSampler, load_digits, load_mnist
-from dptrain.dist import means, rank_zero_print, reduce_sum_count
+from dptrain.runtime import means, rank_zero_print, reduce_sum_count
 from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, manual_seed
 from dptrain.tagi.ddp import DDPConfig, DDPSequential
 

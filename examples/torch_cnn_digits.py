@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dptrain.data import ShardedSampler, load_digits
-from dptrain.dist import distributed, means, rank_zero_print, reduce_sum_count
+from dptrain.runtime import distributed, means, rank_zero_print, reduce_sum_count
 from dptrain.learners import TorchLearner
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -15,7 +15,7 @@ import hashlib
 import torch
 from torch import nn
 
-from dptrain.dist import all_gather_object, distributed, means, rank_zero_print, reduce_sum_count
+from dptrain.runtime import all_gather_object, distributed, means, rank_zero_print, reduce_sum_count
 from dptrain.learners import TorchLearner
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -8,7 +8,7 @@
     assert run_world(_check_sum, world_size=2) == [3.0, 3.0]
 
 Rendezvous is a FileStore in a fresh temp dir (no ports), or with `init="env"` the ranks get
-RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and start the group through `dptrain.dist` themselves.
+RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and start the group through `dptrain.runtime` themselves.
 Each rank's stdout/stderr goes to a log file that is shown when the world fails. The parent
 joins until the deadline, then kills every child and raises `TimeoutError`.
 """

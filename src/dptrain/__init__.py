@@ -9,7 +9,7 @@ Importing dptrain starts no process group and reads no environment.
 from dptrain import tagi
 from dptrain._version import __version__
 from dptrain.data import ShardedSampler
-from dptrain.dist import DistEnv, init_distributed
+from dptrain.runtime import DistEnv, init_distributed
 from dptrain.inference import load_run
 from dptrain.learners import TorchLearner
 from dptrain.learners.tagi_learner import TagiLearner

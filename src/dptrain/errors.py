@@ -37,7 +37,7 @@ class RankFailure(DptrainError, RuntimeError):
         super().__init__(message)
         self.missing = missing
         """The ranks that did not report in after the failure, when the rendezvous store could
-        tell (dptrain.dist.collectives); None when unknown."""
+        tell (dptrain.runtime.collectives); None when unknown."""
         self.step = step
         """The global step at which the Trainer lost its peer (set by the Trainer), else None."""
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dptrain.cli.main import main
-from dptrain.dist import Runtime
-from dptrain.dist.env import SINGLE
+from dptrain.runtime import Runtime
+from dptrain.runtime.env import SINGLE
 from dptrain.inference import load_run, raw_inputs
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig

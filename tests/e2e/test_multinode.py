@@ -216,7 +216,7 @@ print(f"rank {rank}: attempt {os.environ['DPTRAIN_ATTEMPT']} (this node's {mine}
 if rank == 1 and mine < 2:
     sys.exit(3)
 import torch
-from dptrain.dist import all_reduce_flat, init_distributed
+from dptrain.runtime import all_reduce_flat, init_distributed
 init_distributed(timeout=timedelta(seconds=90))
 t = torch.ones(1)
 all_reduce_flat([t])
@@ -228,7 +228,7 @@ EXPECTED = """
 import os
 from datetime import timedelta
 import torch
-from dptrain.dist import all_reduce_flat, init_distributed
+from dptrain.runtime import all_reduce_flat, init_distributed
 from dptrain.errors import ConfigError
 init_distributed(timeout=timedelta(seconds=90))
 if os.environ["RANK"] == "1":

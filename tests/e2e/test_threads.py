@@ -16,8 +16,8 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = """
 import json, os, sys, torch
-from dptrain.dist import init_distributed
-from dptrain.dist.threads import this_process_share
+from dptrain.runtime import init_distributed
+from dptrain.runtime.threads import this_process_share
 runtime = init_distributed()
 share = this_process_share(runtime.env.local_world_size)
 # One write per line: the ranks share the launcher's pipe.

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dptrain.data import load_dataset
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from tests._world import run_world

@@ -21,8 +21,8 @@ from dptrain.cli.main import build_parser, main
 from dptrain.cli.train import options_from_args
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.datasets.covariates import parse_feature_list, time_features
-from dptrain.dist import Runtime
-from dptrain.dist.env import SINGLE
+from dptrain.runtime import Runtime
+from dptrain.runtime.env import SINGLE
 from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import create_learner, create_model, model_defaults, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dptrain.dist import DDPConfig, expand_hostlist, resolve_env
-from dptrain.dist.env import derived_port
+from dptrain.runtime import DDPConfig, expand_hostlist, resolve_env
+from dptrain.runtime.env import derived_port
 from dptrain.errors import ConfigError
 
 MASTER = {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29400"}

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dptrain.dist import (
+from dptrain.runtime import (
     all_reduce_flat,
     broadcast_object,
     choose_backend,
@@ -14,7 +14,7 @@ from dptrain.dist import (
     init_distributed,
     reduce_sum_count,
 )
-from dptrain.dist.env import SINGLE
+from dptrain.runtime.env import SINGLE
 from dptrain.errors import ConfigError
 
 

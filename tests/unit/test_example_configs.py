@@ -12,7 +12,7 @@ import torch
 
 from dptrain.cli.train import resolve
 from dptrain.data.datasets.base import Split
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.build import RunLength, create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
 

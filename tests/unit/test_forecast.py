@@ -17,9 +17,9 @@ import torch
 from dptrain.data import load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.datasets.series import series_split
-from dptrain.dist import Runtime
+from dptrain.runtime import Runtime
 from dptrain.errors import ConfigError
-from dptrain.dist.env import SINGLE
+from dptrain.runtime.env import SINGLE
 from dptrain.learners.collapse import is_collapse_metric
 from dptrain.learners.build import create_learner, create_model, model_defaults, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig

@@ -16,14 +16,15 @@ import pytest
 
 import dptrain
 
-LAYERS = ("dist", "data", "tagi", "pytagi", "learners", "train", "inference", "export", "tune",
+LAYERS = ("runtime", "data", "tagi", "pytagi", "learners", "train", "inference", "export", "tune",
           "cli")
 """Bottom to top; a module may import its own layer and those listed before it."""
 FOUNDATION = ("dptrain._version", "dptrain.errors", "dptrain.fingerprint", "dptrain.options",
               "dptrain.user_code")
 """Leaf modules every layer may import; they import nothing of dptrain above them."""
-FACE = ("dptrain", "dptrain.__main__")
-"""The package's own re-exports and `python -m dptrain`: above everything."""
+FACE = ("dptrain", "dptrain.__main__", "dptrain.dist")
+"""The package's own re-exports, `python -m dptrain` and the deprecated alias of `dptrain.runtime`:
+above everything."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def test_no_dptrain_import_is_deferred_into_a_function_outside_the_cli():
 def test_only_the_ddp_wrapper_of_the_tagi_engine_touches_the_process_group():
     reaching = sorted({i.importer for i in FOUND
                        if i.importer.startswith("dptrain.tagi")
-                       and i.target.startswith("dptrain.dist")})
+                       and i.target.startswith("dptrain.runtime")})
     assert reaching == ["dptrain.tagi.ddp"]
 
 
@@ -182,13 +183,13 @@ def test_only_the_ddp_wrapper_of_the_tagi_engine_touches_the_process_group():
 def bad_package(tmp_path: Path) -> Path:
     """A package with one of each defect: an upward arrow, a cycle, a deferred import."""
     root = tmp_path / "dptrain"
-    for sub in ("dist", "data", "train", "cli"):
+    for sub in ("runtime", "data", "train", "cli"):
         (root / sub).mkdir(parents=True)
         (root / sub / "__init__.py").write_text("")
     (root / "__init__.py").write_text("")
-    (root / "dist" / "a.py").write_text("from dptrain.train import b\n")
-    (root / "train" / "b.py").write_text("from dptrain.dist import a\n")
-    (root / "data" / "c.py").write_text("def f():\n    from dptrain.dist import a\n")
+    (root / "runtime" / "a.py").write_text("from dptrain.train import b\n")
+    (root / "train" / "b.py").write_text("from dptrain.runtime import a\n")
+    (root / "data" / "c.py").write_text("def f():\n    from dptrain.runtime import a\n")
     (root / "cli" / "d.py").write_text("def f():\n    from dptrain.train import b\n")
     return root
 
@@ -196,7 +197,7 @@ def bad_package(tmp_path: Path) -> Path:
 def test_the_checks_catch_each_defect(bad_package):
     """The checks above are only as good as their scanner: it must see each kind of defect."""
     found = imports(module_names(bad_package, "dptrain"), "dptrain")
-    assert upward_arrows(found) == ["dptrain.dist.a:1 imports dptrain.train.b"]
-    assert cycles(found) == [["dptrain.dist.a", "dptrain.train.b"]]
+    assert upward_arrows(found) == ["dptrain.runtime.a:1 imports dptrain.train.b"]
+    assert cycles(found) == [["dptrain.runtime.a", "dptrain.train.b"]]
     assert deferred_imports(found) == [
-        "dptrain.data.c:2 imports dptrain.dist.a inside a function"]
+        "dptrain.data.c:2 imports dptrain.runtime.a inside a function"]

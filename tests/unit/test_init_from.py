@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.dist import Runtime
-from dptrain.dist.env import SINGLE
+from dptrain.runtime import Runtime
+from dptrain.runtime.env import SINGLE
 from dptrain.errors import ConfigError
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.tagi import BatchNorm2d, Conv2d, Linear, ReLU, Sequential, manual_seed

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from dptrain.data import load_digits
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners import Learner, TorchLearner
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig

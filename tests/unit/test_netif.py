@@ -15,8 +15,8 @@ import sys
 from dptrain.cli.env import network_line
 from dptrain.cli.main import build_parser
 from dptrain.cli.run import _network_interface, torchrun_argv
-from dptrain.dist.env import SINGLE, DistEnv
-from dptrain.dist.netif import (
+from dptrain.runtime.env import SINGLE, DistEnv
+from dptrain.runtime.netif import (
     IFNAME_VARS,
     choose_interface,
     default_route_interface,
@@ -27,7 +27,7 @@ from dptrain.dist.netif import (
 from tests._cli import REPO
 from tests._netns import two_hosts  # noqa: F401 - fixture
 
-NETIF = str(REPO / "src" / "dptrain" / "dist" / "netif.py")
+NETIF = str(REPO / "src" / "dptrain" / "runtime" / "netif.py")
 
 
 def test_a_local_rendezvous_host_means_the_loopback():

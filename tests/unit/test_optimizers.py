@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dptrain.data import load_digits
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.build import create_learner, task_loss
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.lars import Lars

@@ -22,8 +22,8 @@ from dptrain.data import load_dataset
 from dptrain.data.datasets.blobs import BAYES_ERROR, bayes_probabilities, load_blobs
 from dptrain.data.datasets.holdout import hold_out
 from dptrain.data.loader import fetch_batch
-from dptrain.dist import Runtime, init_distributed, means
-from dptrain.dist.env import SINGLE
+from dptrain.runtime import Runtime, init_distributed, means
+from dptrain.runtime.env import SINGLE
 from dptrain.errors import ConfigError
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dptrain.data import load_dataset
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.errors import TrainingCollapsed
 from dptrain.learners import collapse
 from dptrain.learners.build import create_learner

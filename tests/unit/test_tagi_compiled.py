@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dptrain import tagi
-from dptrain.dist import Runtime
-from dptrain.dist.env import SINGLE
+from dptrain.runtime import Runtime
+from dptrain.runtime.env import SINGLE
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.tagi import compiled as compiled_module
 

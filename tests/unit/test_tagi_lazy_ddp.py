@@ -35,7 +35,7 @@ def test_the_names_are_bound_on_first_use_not_at_import():
 def test_the_engine_package_source_imports_no_wrapper_and_no_process_group_code():
     found = imports(module_names(ROOT, "dptrain"), "dptrain")
     assert not [i for i in found if i.importer == "dptrain.tagi"
-                and (i.target.startswith("dptrain.dist") or i.target == "dptrain.tagi.ddp")]
+                and (i.target.startswith("dptrain.runtime") or i.target == "dptrain.tagi.ddp")]
 
 
 def test_the_seeds_default_is_kept_sum_mode():

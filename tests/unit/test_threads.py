@@ -1,4 +1,4 @@
-"""The thread share of a rank (dptrain.dist.threads) and the environment `dptrain run` gives its
+"""The thread share of a rank (dptrain.runtime.threads) and the environment `dptrain run` gives its
 workers: affinity, launcher binding, cgroup quota, the user's settings."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-import dptrain.dist.threads as threads_module
+import dptrain.runtime.threads as threads_module
 from dptrain.cli.env import hints, thread_lines
 from dptrain.cli.run import thread_environment
-from dptrain.dist.threads import (
+from dptrain.runtime.threads import (
     cgroup_quota,
     env_threads,
     oversubscribed,
@@ -187,8 +187,8 @@ def test_the_group_keeps_the_users_threads_and_warns_when_they_oversubscribe(mon
     torch loaded): local rank 0 says so, once per node, when the threads outnumber the cores."""
     import torch
 
-    from dptrain.dist.env import DistEnv
-    from dptrain.dist.group import _share_cores
+    from dptrain.runtime.env import DistEnv
+    from dptrain.runtime.group import _share_cores
 
     usable = this_process_share(2).usable
     env = DistEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.dist import init_distributed, resolve_env
+from dptrain.runtime import init_distributed, resolve_env
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.learners import AllReduceBatchNorm, Learner, TorchLearner, TorchLearnerConfig
 from dptrain.learners import torch_learner

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dptrain.data import load_dataset
-from dptrain.dist import init_distributed, resolve_env
+from dptrain.runtime import init_distributed, resolve_env
 from dptrain.errors import ConfigError
 from dptrain.learners.recipes import RECIPES, get_recipe, make_learner
 

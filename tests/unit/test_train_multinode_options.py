@@ -7,8 +7,8 @@ import pytest
 from dptrain.cli.main import build_parser
 from dptrain.cli.run import rendezvous_argv, rendezvous_conf
 from dptrain.cli.train import job_world_sizes, options_from_args
-from dptrain.dist import resolve_env
-from dptrain.dist.launch import NodeRange
+from dptrain.runtime import resolve_env
+from dptrain.runtime.launch import NodeRange
 from dptrain.errors import ConfigError
 from dptrain.train.options import check_batch_split
 

@@ -24,7 +24,7 @@ def test_defaults_are_the_main_job():
 
 def test_the_run_directory_is_named_after_model_dataset_and_job_or_time():
     from dptrain.cli.train import with_run_dir
-    from dptrain.dist import resolve_env
+    from dptrain.runtime import resolve_env
 
     single = resolve_env({})
     o = with_run_dir(_options(), single)
@@ -46,7 +46,7 @@ def test_the_run_directory_is_named_after_model_dataset_and_job_or_time():
 def test_a_job_label_agreed_by_the_agents_names_the_run_directory(tmp_path, monkeypatch):
     """What every worker of a multi-node `dptrain train` without --out does with the label its
     agents agreed on (DPTRAIN_RUN_LABEL): the same directory on every node."""
-    from dptrain.dist.job import RUN_LABEL_ENV
+    from dptrain.runtime.job import RUN_LABEL_ENV
     from dptrain.train.job import run_training
     from dptrain.train.options import TrainOptions
 
@@ -69,7 +69,7 @@ def test_a_job_label_agreed_by_the_agents_names_the_run_directory(tmp_path, monk
     ("env", {}, None),
 ])
 def test_job_ids_of_the_launchers(launcher, environ, expected):
-    from dptrain.dist.job import job_id
+    from dptrain.runtime.job import job_id
 
     assert job_id(launcher, environ) == expected
 
@@ -157,7 +157,7 @@ def test_the_batch_split_is_checked_against_the_real_world_size():
     """Under a launcher the world size is the launcher's, not --nproc (default 2)."""
     from dptrain.cli.train import job_world_sizes
     from dptrain.train.options import check_batch_split
-    from dptrain.dist import resolve_env
+    from dptrain.runtime import resolve_env
 
     under_torchrun = resolve_env({"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "h",
                                   "MASTER_PORT": "1", "TORCHELASTIC_RUN_ID": "j"})

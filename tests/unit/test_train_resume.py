@@ -13,7 +13,7 @@ import pytest
 from dptrain.cli.main import main
 from dptrain.train.options import RESUMABLE_OPTIONS, RUN_DEFAULTS, TrainOptions, run_record
 from dptrain.data import load_digits
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.errors import CheckpointError
 from dptrain.learners.tagi_learner import TagiLearner
 from tests._nets import tagi_mlp

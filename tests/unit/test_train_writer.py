@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dptrain.data import load_digits
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.tagi import manual_seed
 from dptrain.train import TrainConfig, Trainer

@@ -19,7 +19,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from dptrain.cli import job_end
-from dptrain.dist.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
+from dptrain.runtime.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
 from dptrain.errors import (CheckpointError, ConfigError, DataError, NonFiniteLoss,
                             TrainingCollapsed)
 

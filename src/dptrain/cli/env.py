@@ -7,7 +7,7 @@ import os
 import platform
 import shutil
 
-from dptrain.dist.threads import (
+from dptrain.runtime.threads import (
     ThreadShare,
     affinity,
     env_threads,
@@ -77,7 +77,7 @@ def hints(environ: dict[str, str], local_world_size: int, cuda_devices: int,
 
 def network_line(env, environ: dict[str, str]) -> str:
     """The interface gloo and NCCL will use, and why (as the process group would choose it)."""
-    from dptrain.dist.netif import choose_interface
+    from dptrain.runtime.netif import choose_interface
 
     if not env.is_distributed and not env.master_addr:
         return ("network interface: none needed (one process); `dptrain run`/`train` and "
@@ -140,7 +140,7 @@ def env_command(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from dptrain._version import __version__
-    from dptrain.dist import resolve_env
+    from dptrain.runtime import resolve_env
 
     environ = dict(os.environ)
     lines = [f"dptrain {__version__}", f"torch {torch.__version__}",

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _rank_prefix() -> str:
     """"rank R: " when this process is one of several (started by torchrun, mpirun, srun), so
     that each rank's line says whose it is."""
-    from dptrain.dist import resolve_env
+    from dptrain.runtime import resolve_env
 
     try:
         env = resolve_env()

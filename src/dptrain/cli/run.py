@@ -9,8 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from dptrain.dist.launch import NodeRange, rendezvous_settings
-from dptrain.dist.threads import ThreadShare, env_threads, oversubscribed, this_process_share
+from dptrain.runtime.launch import NodeRange, rendezvous_settings
+from dptrain.runtime.threads import ThreadShare, env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError
 
 LAUNCHER_REPORTS = "DPTRAIN_LAUNCHER_REPORTS"
@@ -123,7 +123,7 @@ def _network_interface(rdzv_endpoint: str | None, max_nodes: int
     """Export the interface that reaches the rendezvous host for every worker's gloo/NCCL, and
     on several nodes tell the agent this node's address on it (torch's default, the host name,
     may resolve to the loopback); extra torchrun options and rendezvous settings."""
-    from dptrain.dist.netif import export_interface, is_this_machine
+    from dptrain.runtime.netif import export_interface, is_this_machine
 
     host = rendezvous_host(rdzv_endpoint)
     choice = export_interface(host, multi_node=max_nodes > 1)
@@ -163,12 +163,12 @@ def thread_environment(nproc: int, environ: dict[str, str] | os._Environ,
 
 def _worker_environment(nproc: int, max_nodes: int) -> None:
     """Variables the agent passes on to every worker, unless the user set them."""
-    from dptrain.dist.collectives import ROLL_CALL_ENV
+    from dptrain.runtime.collectives import ROLL_CALL_ENV
 
     os.environ.update(thread_environment(nproc, os.environ))
     if max_nodes == 1:
         # This agent watches every rank and names the one that died: a survivor reports its
-        # lost peer at once instead of waiting for a roll call (dptrain.dist.collectives).
+        # lost peer at once instead of waiting for a roll call (dptrain.runtime.collectives).
         os.environ.setdefault(ROLL_CALL_ENV, "off")
     # With the agent's store shared, a restarted attempt can read the dead attempt's keys and
     # dial its ports (gloo: "connection refused"; pytorch/pytorch#135712): give each attempt a
@@ -248,7 +248,7 @@ def _wait_for_the_rendezvous(command: str, rdzv_endpoint: str, timeout_s: int,
     when the job's end record appears instead (the job ended before this node came). None when
     the endpoint answers; else the exit status, its one line printed."""
     from dptrain.cli import job_end
-    from dptrain.dist.netif import wait_for_listener
+    from dptrain.runtime.netif import wait_for_listener
 
     host, _, port = rdzv_endpoint.rpartition(":")
     try:

@@ -21,9 +21,9 @@ from typing import Any
 from dptrain.cli import job_end
 from dptrain.cli.run import launch, rendezvous_argv, rendezvous_conf, use_threads
 from dptrain.data.config import NO_VALIDATION
-from dptrain.dist import DistEnv, resolve_env
-from dptrain.dist.job import job_id, stamp
-from dptrain.dist.threads import env_threads, this_process_share
+from dptrain.runtime import DistEnv, resolve_env
+from dptrain.runtime.job import job_id, stamp
+from dptrain.runtime.threads import env_threads, this_process_share
 from dptrain.errors import ConfigError
 from dptrain.learners.build import model_defaults
 from dptrain.options import field_docs, flag, literal_choices

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Sampler
 
-from dptrain import dist as dd
+from dptrain import runtime as dd
 from dptrain.errors import CheckpointError, ConfigError
 
 Mode = Literal["train", "eval"]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from dptrain.dist import all_reduce_flat, get_world_size, is_initialized
+from dptrain.runtime import all_reduce_flat, get_world_size, is_initialized
 
 
 class _AllReduceSum(torch.autograd.Function):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from dptrain.dist import Runtime
+from dptrain.runtime import Runtime
 
 if TYPE_CHECKING:
     from dptrain.data import Split

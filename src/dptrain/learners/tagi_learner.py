@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from dptrain.dist import DDPConfig, Runtime
+from dptrain.runtime import DDPConfig, Runtime
 from dptrain.errors import ConfigError
 from dptrain.data.loader import fetch_batch
 from dptrain.learners import calibration, collapse

@@ -2,7 +2,7 @@
 
     import functools, torch
     from torch import nn
-    from dptrain.dist import distributed
+    from dptrain.runtime import distributed
     from dptrain.learners import TorchLearner
 
     model = nn.Sequential(nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5))
@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DistributedDataParallel
 
-from dptrain.dist import (
+from dptrain.runtime import (
     Runtime,
     all_gather_object,
     all_reduce_flat,

@@ -102,7 +102,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 
 _LAZY = {"DDPSequential": "dptrain.tagi.ddp", "DDPConfig": "dptrain.tagi.ddp"}
 """Names served on first use (PEP 562): importing their module starts the process-group code
-(`dptrain.dist`), which layers and single-process users never need."""
+(`dptrain.runtime`), which layers and single-process users never need."""
 
 
 def __getattr__(name: str) -> object:

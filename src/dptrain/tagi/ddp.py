@@ -47,7 +47,7 @@ overlap is opt-in until a machine shows it paying (measurements: bench/README.md
 Deltas edited in place between `backward()` and `step()` need `overlap=False`: with overlap
 they are already on their way.
 
-The only tagi module that imports `dptrain.dist` (`dptrain.tagi` itself does not re-export
+The only tagi module that imports `dptrain.runtime` (`dptrain.tagi` itself does not re-export
 it): layers never see the process group.
 """
 
@@ -59,9 +59,9 @@ from typing import Any
 
 import torch
 
-from dptrain import dist as dd
-from dptrain.dist import DDPConfig
-from dptrain.dist.collectives import guarded
+from dptrain import runtime as dd
+from dptrain.runtime import DDPConfig
+from dptrain.runtime.collectives import guarded
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.tagi.compiled import CompiledStep
 from dptrain.tagi.norm import BatchNorm2d

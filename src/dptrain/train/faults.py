@@ -24,7 +24,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from dptrain.dist.job import attempt as job_attempt
+from dptrain.runtime.job import attempt as job_attempt
 from dptrain.errors import ConfigError
 
 ENV_VAR = "DPTRAIN_FAIL_AT"
@@ -53,7 +53,7 @@ def _point(text: str, spec: str) -> FaultPoint:
 
 def attempt() -> int:
     """Which attempt of the job this is: 0, then 1 after torchrun's first restart, ...; the
-    job's, agreed by every node, under dptrain's agents (dptrain.dist.job.attempt)."""
+    job's, agreed by every node, under dptrain's agents (dptrain.runtime.job.attempt)."""
     return job_attempt()
 
 

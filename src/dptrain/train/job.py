@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from dptrain import dist as dd
+from dptrain import runtime as dd
 from dptrain.data import Split
 from dptrain.data.config import NO_VALIDATION, DataConfig, load_split, resolve_workers
 from dptrain.data.loader import fetch_batch
 from dptrain.data.mixing import Mixing
-from dptrain.dist import (
+from dptrain.runtime import (
     Runtime,
     broadcast_object,
     distributed,
@@ -38,8 +38,8 @@ from dptrain.dist import (
     rank_zero_print,
     setup_logging,
 )
-from dptrain.dist.env import SINGLE
-from dptrain.dist.job import RUN_LABEL_ENV, launcher_start_time, stamp
+from dptrain.runtime.env import SINGLE
+from dptrain.runtime.job import RUN_LABEL_ENV, launcher_start_time, stamp
 from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import (
     RunLength,

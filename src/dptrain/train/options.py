@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from dptrain.data import world_sizes_dividing
 from dptrain.data.config import NO_VALIDATION, DataConfig
-from dptrain.dist.launch import LaunchConfig
+from dptrain.runtime.launch import LaunchConfig
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
 from dptrain.learners.build import model_defaults

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dptrain import dist as dd
+from dptrain import runtime as dd
 from dptrain.errors import CheckpointError
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.options import BEFORE_OPTION, RUN_DEFAULTS

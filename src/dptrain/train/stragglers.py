@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dptrain import dist as dd
+from dptrain import runtime as dd
 
 log = logging.getLogger(__name__)
 

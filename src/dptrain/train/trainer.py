@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from dptrain import dist as dd
+from dptrain import runtime as dd
 from dptrain.data import ShardedSampler, Split, num_samples_per_rank, world_sizes_dividing
 from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.data.mixing import Mixing

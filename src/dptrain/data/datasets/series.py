@@ -45,7 +45,7 @@ from dptrain.data.datasets.base import ArrayDataset, Normalisation, Split
 from dptrain.data.datasets.covariates import with_covariates
 from dptrain.data.datasets.sizes import series_ends
 from dptrain.data.datasets.spacing import season_candidates
-from dptrain.dist.collectives import get_rank
+from dptrain.runtime.collectives import get_rank
 from dptrain.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)

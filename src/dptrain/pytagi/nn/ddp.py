@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.pytagi.nn._convert import flat
 from dptrain.pytagi.nn.sequential import Sequential
 from dptrain.tagi.ddp import DDPSequential as EngineDDP

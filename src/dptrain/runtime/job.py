@@ -2,7 +2,7 @@
 
 A restarted attempt of a job (torchrun's restarts, a requeued Slurm job) keeps its launcher's
 job id, so a run directory named after it is found again. Pure functions of an environment
-mapping, like `dptrain.dist.env`.
+mapping, like `dptrain.runtime.env`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The distributed runtime: who am I, start the process group, and collectives.
 
-    from dptrain.dist import distributed, all_reduce_flat, rank_zero_print
+    from dptrain.runtime import distributed, all_reduce_flat, rank_zero_print
     import torch
 
     with distributed() as rt:              # torchrun, mpirun, srun, or a single process
@@ -9,7 +9,7 @@
         rank_zero_print(rt.env.launcher, t.tolist())
 """
 
-from dptrain.dist.collectives import (
+from dptrain.runtime.collectives import (
     all_gather_object,
     all_reduce_flat,
     barrier,
@@ -24,9 +24,9 @@ from dptrain.dist.collectives import (
     means,
     reduce_sum_count,
 )
-from dptrain.dist.config import DDPConfig
-from dptrain.dist.env import DistEnv, expand_hostlist, resolve_env
-from dptrain.dist.group import (
+from dptrain.runtime.config import DDPConfig
+from dptrain.runtime.env import DistEnv, expand_hostlist, resolve_env
+from dptrain.runtime.group import (
     Runtime,
     choose_backend,
     distributed,
@@ -34,7 +34,7 @@ from dptrain.dist.group import (
     release_before_shutdown,
     shutdown_distributed,
 )
-from dptrain.dist.rank_zero import rank_zero_print, setup_logging
+from dptrain.runtime.rank_zero import rank_zero_print, setup_logging
 
 __all__ = [
     "DDPConfig", "DistEnv", "Runtime", "all_gather_object", "all_reduce_flat", "barrier",

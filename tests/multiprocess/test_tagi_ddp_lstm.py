@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.tagi import (LSTM, Embedding, LayerBlock, Linear, OutputUpdater, Parallel,
                           Sequential, manual_seed)
 from dptrain.tagi.ddp import DDPSequential

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Sequential, manual_seed
 from dptrain.tagi.ddp import DDPSequential

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dptrain.dist.env import DistEnv, resolve_env
-from dptrain.dist.group import BACKENDS
+from dptrain.runtime.env import DistEnv, resolve_env
+from dptrain.runtime.group import BACKENDS
 from dptrain.errors import ConfigError
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.dist import DistEnv, Runtime
+from dptrain.runtime import DistEnv, Runtime
 from dptrain.learners import TorchLearner
 from dptrain.train.init_from import freeze
 from tests._world import run_world

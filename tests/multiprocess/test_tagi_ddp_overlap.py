@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.errors import RankFailure
 from dptrain.tagi import LayerBlock, Linear, OutputUpdater, ReLU, Sequential, manual_seed
 from dptrain.tagi.ddp import DDPSequential

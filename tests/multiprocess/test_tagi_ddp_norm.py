@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.errors import RankFailure
 from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, HRCSoftmax, LayerBlock, Linear,
                           OutputUpdater, ReLU, ResNetBlock, Sequential, manual_seed)

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dptrain.dist import (
+from dptrain.runtime import (
     all_gather_object,
     all_reduce_flat,
     barrier,

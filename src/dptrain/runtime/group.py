@@ -14,10 +14,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dptrain.dist.env import DistEnv, resolve_env
-from dptrain.dist.job import attempt as job_attempt
-from dptrain.dist.netif import export_interface, wait_for_listener
-from dptrain.dist.threads import env_threads, oversubscribed, this_process_share
+from dptrain.runtime.env import DistEnv, resolve_env
+from dptrain.runtime.job import attempt as job_attempt
+from dptrain.runtime.netif import export_interface, wait_for_listener
+from dptrain.runtime.threads import env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError, RankFailure
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def device_for(env: DistEnv, backend: str | None) -> torch.device:
 
 
 def _share_cores(env: DistEnv) -> None:
-    """Give this rank its share of the usable cores (dptrain.dist.threads) unless the user, or
+    """Give this rank its share of the usable cores (dptrain.runtime.threads) unless the user, or
     the launcher (`dptrain run`, torchrun), chose a thread count in OMP_NUM_THREADS."""
     share = this_process_share(env.local_world_size)
     if env_threads(os.environ) is None:

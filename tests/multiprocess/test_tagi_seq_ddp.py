@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.tagi import (SLSTM, Embedding, Linear, OutputUpdater, ReLU, Sequential, SLinear,
                           manual_seed)
 from dptrain.tagi.ddp import DDPSequential

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.data import ArrayDataset, Split, load_digits
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.tagi_learner import TagiLearner
 from tests._nets import tagi_mlp
 from dptrain.tagi import manual_seed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.tagi import (AvgPool2d, ClosedFormSoftmax, Conv2d, ConvTranspose2d, Linear,
                           MixtureReLU, OutputUpdater, ReLU, Sequential, Softmax, manual_seed)
 from dptrain.tagi.ddp import DDPSequential

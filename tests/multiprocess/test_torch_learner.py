@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.dist import (DistEnv, Runtime, barrier, init_distributed, resolve_env,
+from dptrain.runtime import (DistEnv, Runtime, barrier, init_distributed, resolve_env,
                           shutdown_distributed)
 from dptrain.learners import AllReduceBatchNorm, TorchLearner
 from dptrain.learners.optim import OptimizerSpec

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.dist import DDPConfig
+from dptrain.runtime import DDPConfig
 from dptrain.tagi import LSTM, Linear, OutputUpdater, ReLU, Sequential, manual_seed
 from dptrain.tagi.ddp import DDPSequential
 from tests._world import run_world

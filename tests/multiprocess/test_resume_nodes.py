@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from dptrain import dist as dd
+from dptrain import runtime as dd
 from dptrain.train.job import agreed_run_dir
 from dptrain.train.options import TrainOptions
 from dptrain.data import ArrayDataset, Split, load_digits
-from dptrain.dist import init_distributed
-from dptrain.dist.job import stamp
+from dptrain.runtime import init_distributed
+from dptrain.runtime.job import stamp
 from dptrain.learners.tagi_learner import TagiLearner
 from tests._nets import tagi_mlp
 from dptrain.tagi import manual_seed

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.data import load_digits
-from dptrain.dist import init_distributed
+from dptrain.runtime import init_distributed
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.train import TrainConfig, Trainer

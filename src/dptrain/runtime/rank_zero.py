@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import Any
 
-from dptrain.dist.collectives import get_rank
+from dptrain.runtime.collectives import get_rank
 
 
 def rank_zero_print(*args: Any, **kwargs: Any) -> None:

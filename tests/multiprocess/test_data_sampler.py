@@ -19,7 +19,7 @@ LENGTHS = (1, 7, 10, 13)
 
 def _shard_checks(rank: int, world_size: int) -> dict:
     from dptrain.data import ShardedSampler
-    from dptrain.dist import all_gather_object, all_reduce_flat, reduce_sum_count
+    from dptrain.runtime import all_gather_object, all_reduce_flat, reduce_sum_count
 
     torch.manual_seed(100 + rank)  # different global RNG per rank must not matter
     report: dict = {"orders": {}}
@@ -63,7 +63,7 @@ def _shard_checks(rank: int, world_size: int) -> dict:
 
 def _resume_checks(rank: int, world_size: int) -> list[int]:
     from dptrain.data import ShardedSampler
-    from dptrain.dist import all_gather_object, broadcast_object
+    from dptrain.runtime import all_gather_object, broadcast_object
 
     full = ShardedSampler(23, seed=9)
     full.set_epoch(1)
