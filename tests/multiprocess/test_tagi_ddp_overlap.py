@@ -14,7 +14,7 @@ from dptrain.errors import RankFailure
 from dptrain.tagi import LayerBlock, Linear, OutputUpdater, ReLU, Sequential, manual_seed
 from dptrain.tagi.ddp import DDPSequential
 from tests._world import run_world
-from tests.dist.test_tagi_ddp_norm import _conv_resnet, _fnn_bn
+from tests.multiprocess.test_tagi_ddp_norm import _conv_resnet, _fnn_bn
 
 pytestmark = pytest.mark.dist
 
