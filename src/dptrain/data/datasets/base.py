@@ -140,6 +140,12 @@ class Split:
     series: Any = None
     """Time series only: the whole series (`dptrain.data.datasets.series.SeriesData`), for
     multi-step forecasts of the test part."""
+    vocabulary: Any = None
+    """Token data only (`text:`, `tokens:`): the `dptrain.data.datasets.vocabulary.Vocabulary`
+    whose ids the windows hold; the run stores it as vocabulary.json."""
+    unknown_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Token data only: characters outside the vocabulary met in each part ("validation",
+    "test"), mapped to the unknown id and reported in summary.json."""
 
     def __post_init__(self) -> None:
         if self.task not in _TASKS:
