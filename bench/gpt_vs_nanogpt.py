@@ -1,0 +1,163 @@
+"""dptrain's torch-gpt against nanoGPT's own train.py: the same recipe, data, machine and threads.
+
+    .venv/bin/python bench/gpt_vs_nanogpt.py            # 3 seeds x 2000 steps, ~25 min on 2 cores
+    .venv/bin/python bench/gpt_vs_nanogpt.py --quick    # 60 steps, one seed, writes no JSON
+
+nanoGPT's folder comes from NANOGPT_DIR (else ../shared/nanogpt beside the repository) and is
+copied to a temporary folder, where its `data/shakespeare_char/prepare.py` writes train.bin,
+val.bin and meta.pkl from the tiny Shakespeare text (a stand-in `requests` module on its path:
+the text is already there, nothing is downloaded). dptrain trains on those very files
+(`--dataset tokens:DIR`), so both see the same 65 characters and the same 90/10 split.
+
+The configuration is nanoGPT's CPU run of the character-level Shakespeare model: context 64,
+batch 12, 4 layers, 4 heads, width 128, no dropout, AdamW lr 1e-3 with beta2 0.99 and weight
+decay 0.1 on matrices only, 100 warm-up steps, cosine to 1e-4 at step 2000, gradient clipping 1.0.
+
+Measured, per seed, interleaved (the side that goes first alternates):
+- validation loss at the last step: nanoGPT's is its own estimate (`eval_iters` random
+  batches); dptrain's is `--val-batches` fixed batches. nanoGPT seeds itself with a constant, so
+  its runs differ only in time; dptrain takes the seed.
+- time per training step on one process: nanoGPT's per-iteration times (the iterations that
+  evaluated left out, and the first), dptrain's training time over its steps (validation left
+  out). The ratio dptrain / nanoGPT is the figure (target: within 1.05).
+- tokens per second on 2 processes (`--nproc 2`, the same global batch) beside 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from _machine import command_line, cpu_model  # bench/ is on sys.path when a script here runs
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT = REPO / "bench" / "results" / "gpt_vs_nanogpt.json"
+LOSS_MARGIN = 0.02   # dptrain's mean validation loss may exceed nanoGPT's by at most this
+TIME_TARGET = 1.05   # dptrain's time per step / nanoGPT's
+EVAL_BATCHES = 20
+MODEL = dict(block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128)
+
+
+def nanogpt_source() -> Path:
+    found = Path(os.environ.get("NANOGPT_DIR", REPO.parent / "shared" / "nanogpt"))
+    if not (found / "train.py").exists():
+        sys.exit(f"nanoGPT's train.py not found in {found}: set NANOGPT_DIR to a nanoGPT checkout")
+    return found
+
+
+def prepare(source: Path, work: Path) -> Path:
+    """nanoGPT copied to `work`, its shakespeare_char data prepared by its own script."""
+    nano = work / "nanogpt"
+    shutil.copytree(source, nano)
+    for path in nano.rglob("*"):
+        path.chmod(path.stat().st_mode | 0o200)
+    stub = work / "stub"
+    stub.mkdir()
+    (stub / "requests.py").write_text('"""Not used: input.txt is already there."""\n')
+    data = nano / "data" / "shakespeare_char"
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(stub)})
+    return nano
+
+
+def run_nanogpt(nano: Path, steps: int, eval_every: int, out: Path) -> dict[str, float]:
+    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
+           "--compile=False", f"--eval_iters={EVAL_BATCHES}", "--log_interval=1",
+           f"--eval_interval={eval_every}", f"--max_iters={steps}",
+           f"--lr_decay_iters={steps}", "--dropout=0.0", f"--out_dir={out}",
+           *(f"--{k}={v}" for k, v in MODEL.items())]
+    done = subprocess.run(cmd, cwd=nano, check=True, capture_output=True, text=True)
+    times = {int(m[1]): float(m[2]) / 1000 for m in
+             re.finditer(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", done.stdout, re.M)}
+    losses = {int(m[1]): float(m[2]) for m in
+              re.finditer(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)", done.stdout, re.M)}
+    step_times = [t for i, t in times.items() if i > 0 and i % eval_every != 0]
+    return {"val_loss": losses[max(losses)], "step_s": statistics.fmean(step_times)}
+
+
+def run_dptrain(data: Path, steps: int, eval_every: int, seed: int, nproc: int, out: Path
+                ) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "dptrain", "train", "--model", "torch-gpt",
+           "--dataset", f"tokens:{data}", "--block-size", str(MODEL["block_size"]),
+           "--batch-size", str(MODEL["batch_size"]), "--layers", str(MODEL["n_layer"]),
+           "--heads", str(MODEL["n_head"]), "--width", str(MODEL["n_embd"]), "--dropout", "0",
+           "--max-steps", str(steps), "--lr-decay-steps", str(steps), "--warmup", "100",
+           "--lr", "1e-3", "--min-lr", "1e-4", "--betas", "0.9,0.99", "--weight-decay", "0.1",
+           "--clip-grad-norm", "1.0", "--val-every", str(eval_every),
+           "--val-batches", str(EVAL_BATCHES), "--seed", str(seed), "--nproc", str(nproc),
+           "--no-progress", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    summary = json.loads((out / "summary.json").read_text())
+    return {"val_loss": summary["val_loss"],
+            "step_s": summary["train_time_s"] / summary["steps"],
+            "tokens_per_s": summary["tokens_per_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--eval-every", type=int, default=250, help="nanoGPT's eval_interval")
+    parser.add_argument("--quick", action="store_true", help="60 steps, one seed, no JSON")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_every, args.seeds = 60, 30, args.seeds[:1]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpt-bench-") as tmp:
+        work = Path(tmp)
+        nano = prepare(nanogpt_source(), work)
+        data = nano / "data" / "shakespeare_char"
+        for i, seed in enumerate(args.seeds):
+            sides = [("nanogpt", lambda: run_nanogpt(nano, args.steps, args.eval_every,
+                                                     work / f"nano{seed}")),
+                     ("dptrain", lambda: run_dptrain(data, args.steps, args.eval_every, seed,
+                                                     1, work / f"dp1-{seed}"))]
+            row = {"seed": seed}
+            for name, run in (sides if i % 2 == 0 else sides[::-1]):
+                started = time.perf_counter()
+                row[name] = run()
+                print(f"seed {seed} {name}: {row[name]} ({time.perf_counter() - started:.0f} s)",
+                      flush=True)
+            row["dptrain_2proc"] = run_dptrain(data, args.steps, args.eval_every, seed, 2,
+                                               work / f"dp2-{seed}")
+            print(f"seed {seed} dptrain --nproc 2: {row['dptrain_2proc']}", flush=True)
+            rows.append(row)
+    mean = {side: {k: statistics.fmean(r[side][k] for r in rows) for k in rows[0][side]}
+            for side in ("nanogpt", "dptrain", "dptrain_2proc")}
+    ratio = mean["dptrain"]["step_s"] / mean["nanogpt"]["step_s"]
+    result = {
+        "benchmark": "gpt_vs_nanogpt", "command": command_line(("NANOGPT_DIR",)),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "steps": args.steps, "config": MODEL, "runs": rows, "mean": mean,
+        "val_loss_margin": mean["dptrain"]["val_loss"] - mean["nanogpt"]["val_loss"],
+        "val_loss_target_met": mean["dptrain"]["val_loss"] <= mean["nanogpt"]["val_loss"]
+        + LOSS_MARGIN,
+        "step_time_ratio": ratio, "step_time_target_met": ratio <= TIME_TARGET,
+        "tokens_per_s_2proc_over_1proc": mean["dptrain_2proc"]["tokens_per_s"]
+        / mean["dptrain"]["tokens_per_s"],
+    }
+    print(f"validation loss after {args.steps} steps: dptrain {mean['dptrain']['val_loss']:.4f}, "
+          f"nanoGPT {mean['nanogpt']['val_loss']:.4f} (target: <= nanoGPT + {LOSS_MARGIN})")
+    print(f"time per step: dptrain / nanoGPT = {ratio:.3f} (target <= {TIME_TARGET}); "
+          f"tokens/s on 2 processes / 1: {result['tokens_per_s_2proc_over_1proc']:.2f}")
+    if not args.quick:
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
