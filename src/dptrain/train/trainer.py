@@ -515,7 +515,7 @@ class Trainer:
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        return _derived(self.learner.end_evaluation(means, part), part)
+        return _derived(self.learner.end_evaluation(means, part), part, self.unit)
 
     def _end_epoch(self, train_means: dict[str, float],
                    evaluated: dict[str, dict[str, float]], last: bool) -> bool:
