@@ -1,4 +1,4 @@
-"""Steps are first-class (docs/design.md, contract 16): a run ends at a global step, mid-epoch if
+"""Steps are first-class (docs/howto/checkpoints.md, Steps and validation points): a run ends at a global step, mid-epoch if
 so; it validates every `val_every` steps on the same `val_batches` batches, and best/, early
 stopping and steps.csv follow those points; a run that crashes and resumes ends where an
 unbroken one ends, steps.csv and all. Also the metrics of token data (perplexity, bits per unit,
