@@ -1,9 +1,10 @@
-"""Steps are first-class (docs/howto/checkpoints.md, Steps and validation points): a run ends at a global step, mid-epoch if
-so; it validates every `val_every` steps on the same `val_batches` batches, and best/, early
-stopping and steps.csv follow those points; a run that crashes and resumes ends where an
-unbroken one ends, steps.csv and all. Also the metrics of token data (perplexity, bits per unit,
-tokens/s, MFU) and the vocabulary a run keeps. One process here; two, the real SIGKILL and
-another world size in tests/e2e/test_train_steps_cli.py."""
+"""Steps are first-class (docs/howto/checkpoints.md, Steps and validation points): a run ends
+at a global step, mid-epoch if so; it validates every `val_every` steps on the same
+`val_batches` batches, and best/, early stopping and steps.csv follow those points; a run that
+crashes and resumes ends where an unbroken one ends, steps.csv and all. Also the metrics of
+token data (perplexity, bits per unit, tokens/s, MFU) and the vocabulary a run keeps. One
+process here; two, the real SIGKILL and another world size in
+tests/e2e/test_train_steps_cli.py."""
 
 from __future__ import annotations
 

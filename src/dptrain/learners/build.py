@@ -139,7 +139,7 @@ def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunLength:
     """What a learning-rate schedule is laid over: the global batch and the epochs, or the
-    steps of a run told in steps (then warmup, lr-step-size and milestones count steps)."""
+    steps of a run counted in steps (then warmup, lr-step-size and milestones count steps)."""
 
     batch_size: int
     epochs: int
@@ -235,7 +235,7 @@ def lr_schedule(config: LearnerConfig, num_train: int, run: RunLength | None
                           "global batch and epochs (create_learner(..., run=RunLength(...)))")
     per_epoch = steps_per_epoch(num_train, run.batch_size)
     total = per_epoch * run.epochs if run.max_steps is None else run.max_steps
-    # A run told in steps counts its schedule in steps (nanoGPT's warmup_iters).
+    # A run counted in steps counts its schedule in steps (nanoGPT's warmup_iters).
     unit = config.schedule_unit if run.max_steps is None else "steps"
     length = f"{run.epochs} epochs of {per_epoch} steps = {total} steps" \
         if run.max_steps is None else f"max-steps {total}"

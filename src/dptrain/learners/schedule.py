@@ -22,7 +22,7 @@ t = k - warmup_steps of T = total_steps - warmup_steps:
     linear     peak + (min_lr - peak) x t / T
     wsd        peak until the last `wsd_decay` share of T, then linear to min_lr
 
-With `decay_steps` (a run told in steps: `--lr-decay-steps`, nanoGPT's `lr_decay_iters`), T is
+With `decay_steps` (a run counted in steps: `--lr-decay-steps`, nanoGPT's `lr_decay_iters`), T is
 decay_steps - warmup_steps instead, and from step decay_steps on the rate is min_lr exactly
 (cosine, linear and wsd); the run may end before or after it.
 """

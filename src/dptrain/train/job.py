@@ -304,7 +304,7 @@ def optimizer_line(options: TrainOptions, peak: float) -> str:
     scaled = "" if options.lr_scaling == "none" else \
         f" ({options.lr:g} at batch {options.lr_batch}, {options.lr_scaling} scaling to batch " \
         f"{options.batch_size})"
-    unit = "steps" if options.max_steps else options.schedule_unit  # a run told in steps
+    unit = "steps" if options.max_steps else options.schedule_unit  # a run counted in steps
     warmup = f", warmup {options.warmup:g} {unit}" if options.warmup else ""
     return f"peak {peak:.6g}{scaled}, {options.optimizer}, schedule {options.schedule}{warmup}"
 
@@ -321,7 +321,7 @@ def check_same_files(split: Split) -> None:
 
 
 def run_extent(summary: dict[str, Any]) -> str:
-    """How far the run went: its epochs, and its steps when it was told in steps."""
+    """How far the run went: its epochs, and its steps when it was counted in steps."""
     config = summary.get("config", {})
     if config.get("max_steps") or config.get("val_every"):
         return f"{summary['steps']} step(s) ({summary['epochs_done']:.3g} epochs)"

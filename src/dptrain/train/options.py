@@ -190,11 +190,11 @@ def run_record(options: TrainOptions) -> dict[str, Any]:
 
 
 def check_steps(options: TrainOptions) -> None:
-    """A run told in steps, one line per inconsistency: its warmup (in steps) must end before
+    """A run counted in steps, one line per inconsistency: its warmup (in steps) must end before
     the run does; lr-decay-steps needs max-steps and a torch model."""
     if options.lr_decay_steps and not options.max_steps:
         raise ConfigError(f"lr-decay-steps {options.lr_decay_steps} counts the decay in steps of "
-                          f"a run told in steps: give max-steps too")
+                          f"a run counted in steps: give max-steps too")
     if options.lr_decay_steps and options.model in TAGI_MODELS:
         raise ConfigError(f"lr-decay-steps is for torch models; {options.model} is a TAGI model "
                           f"(it has no learning rate)")

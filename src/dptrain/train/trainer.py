@@ -261,7 +261,7 @@ class Trainer:
 
     @property
     def counts_steps(self) -> bool:
-        """Whether the run is told in steps (max_steps or val_every): it writes steps.csv."""
+        """Whether the run is counted in steps (max_steps or val_every): it writes steps.csv."""
         return self.config.max_steps is not None or self.config.val_every is not None
 
     def _tokens_per_sample(self) -> int | None:
@@ -289,9 +289,9 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Train to the last epoch (or early stop) and return the summary (also summary.json).
-        The data loaders' worker processes and the checkpoint writer's thread end with it,
-        however it ends."""
+        """Train to the last epoch or max_steps (or an early stop) and return the summary (also
+        summary.json). The data loaders' worker processes and the checkpoint writer's thread
+        end with it, however it ends."""
         try:
             return self._fit()
         except BaseException as failure:
@@ -394,7 +394,7 @@ class Trainer:
             self.step_times.end_step(self.step, fetched)
             seen += len(batch[1])
             # The sums (empty, or restored from a checkpoint) of the epoch, and since the last
-            # validation point for a run told in steps (steps.csv); a point empties the latter.
+            # validation point for a run counted in steps (steps.csv); a point empties the latter.
             _add(self._epoch_sums, metrics)
             if self.counts_steps:
                 _add(self._point_sums, metrics)
@@ -479,6 +479,9 @@ class Trainer:
             self.best_step = self.step
         if self.rank == 0:
             loggers.write_csv(Path(self.config.out_dir) / "steps.csv", self.step_history)
+            if self.tb is not None:  # against the step, beside the learning rate
+                self.tb.log_step({k: v for k, v in row.items()
+                                  if k.startswith(("train_", "val_"))}, self.step)
             if self.config.val_every:
                 shown = "  ".join(f"{k} {v:.4g}" for k, v in row.items()
                                   if k not in ("step", "epoch", "samples", "tokens"))
@@ -614,7 +617,7 @@ class Trainer:
         self.checkpoint_pauses.append(time.perf_counter() - started)
 
     def _step_state(self, point_sums: list[dict[str, Any]] | None) -> dict[str, Any]:
-        """What a run told in steps adds to a checkpoint: the validation points so far, the
+        """What a run counted in steps adds to a checkpoint: the validation points so far, the
         best one's step and every rank's train sums since the last point. Nothing for a run
         in epochs, whose checkpoints stay as they were."""
         if point_sums is None:
