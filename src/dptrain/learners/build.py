@@ -138,10 +138,15 @@ def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RunLength:
-    """What a learning-rate schedule is laid over: the global batch and the epochs."""
+    """What a learning-rate schedule is laid over: the global batch and the epochs, or the
+    steps of a run counted in steps (then warmup, lr-step-size and milestones count steps)."""
 
     batch_size: int
     epochs: int
+    max_steps: int | None = None
+    """The run's length in global steps (--max-steps), which then replaces epochs."""
+    decay_steps: int | None = None
+    """Where cosine, linear and wsd reach min-lr (--lr-decay-steps); None: max_steps."""
 
 
 def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, split: Split, *,
@@ -229,25 +234,29 @@ def lr_schedule(config: LearnerConfig, num_train: int, run: RunLength | None
         raise ConfigError("a learning-rate schedule, warmup or lr scaling needs the run's "
                           "global batch and epochs (create_learner(..., run=RunLength(...)))")
     per_epoch = steps_per_epoch(num_train, run.batch_size)
-    total = per_epoch * run.epochs
+    total = per_epoch * run.epochs if run.max_steps is None else run.max_steps
+    # A run counted in steps counts its schedule in steps (nanoGPT's warmup_iters).
+    unit = config.schedule_unit if run.max_steps is None else "steps"
+    length = f"{run.epochs} epochs of {per_epoch} steps = {total} steps" \
+        if run.max_steps is None else f"max-steps {total}"
 
     def steps(value: float) -> int:
-        return round(value * per_epoch) if config.schedule_unit == "epochs" else round(value)
+        return round(value * per_epoch) if unit == "epochs" else round(value)
 
-    unit = config.schedule_unit
     if config.warmup and steps(config.warmup) >= total:
         raise ConfigError(f"warmup {config.warmup:g} {unit} is as long as the run or longer "
-                          f"({run.epochs} epochs of {per_epoch} steps = {total} steps)")
+                          f"({length})")
     marks = milestones(config)
     if marks and steps(marks[-1]) >= total:
         raise ConfigError(f"milestones: {marks[-1]:g} {unit} is at or past the end of the run "
-                          f"({run.epochs} epochs of {per_epoch} steps = {total} steps)")
+                          f"({length})")
     return LrSchedule(peak=peak_lr(config, run.batch_size), total_steps=total,
                       kind=config.schedule, warmup_steps=steps(config.warmup),
                       warmup_start=config.warmup_start, min_lr=config.min_lr,
                       step_size=steps(config.lr_step_size) if config.schedule == "step" else 0,
                       milestones=tuple(steps(m) for m in marks), decay=config.lr_decay,
-                      wsd_decay=config.wsd_decay)
+                      wsd_decay=config.wsd_decay,
+                      decay_steps=run.decay_steps if run.max_steps is not None else None)
 
 
 def task_loss(task: str, label_smoothing: float = 0.0) -> nn.Module:

@@ -21,6 +21,10 @@ t = k - warmup_steps of T = total_steps - warmup_steps:
     cosine     min_lr + (peak - min_lr) x (1 + cos(pi t / T)) / 2
     linear     peak + (min_lr - peak) x t / T
     wsd        peak until the last `wsd_decay` share of T, then linear to min_lr
+
+With `decay_steps` (a run counted in steps: `--lr-decay-steps`, nanoGPT's `lr_decay_iters`), T is
+decay_steps - warmup_steps instead, and from step decay_steps on the rate is min_lr exactly
+(cosine, linear and wsd); the run may end before or after it.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class LrSchedule:
     """step and multistep: the factor of each decay."""
     wsd_decay: float = 0.2
     """wsd: the share of the steps after warmup spent decaying."""
+    decay_steps: int | None = None
+    """The step at which cosine, linear and wsd reach min_lr, and stay after it; None: the rate
+    of the last step (total_steps - 1) holds past the end."""
 
     def __post_init__(self) -> None:
         check_schedule(self)
@@ -69,7 +76,12 @@ class LrSchedule:
         if k < self.warmup_steps:
             return self.peak * (self.warmup_start
                                 + (1.0 - self.warmup_start) * k / self.warmup_steps)
-        t, span = k - self.warmup_steps, max(self.total_steps - self.warmup_steps, 1)
+        decays_to_min = self.kind in ("cosine", "linear", "wsd")
+        end = self.decay_steps if self.decay_steps is not None and decays_to_min \
+            else self.total_steps
+        if k >= end:  # past --lr-decay-steps
+            return self.min_lr
+        t, span = k - self.warmup_steps, max(end - self.warmup_steps, 1)
         if self.kind == "constant":
             return self.peak
         if self.kind == "step":
@@ -121,6 +133,9 @@ def check_schedule(s: LrSchedule) -> None:
         if s.milestones[-1] >= s.total_steps:
             raise ConfigError(f"milestones: {s.milestones[-1]} is at or past the end of the "
                               f"run ({s.total_steps} optimizer steps)")
+    if s.decay_steps is not None and s.decay_steps <= s.warmup_steps:
+        raise ConfigError(f"lr-decay-steps {s.decay_steps} is not longer than the warmup "
+                          f"({s.warmup_steps} steps): the decay would end before it starts")
     if s.kind == "wsd" and not 0.0 < s.wsd_decay <= 1.0:
         raise ConfigError(f"wsd-decay: expected a share in (0, 1], got {s.wsd_decay!r}")
 

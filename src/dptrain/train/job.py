@@ -121,7 +121,8 @@ def monitor_of(options: TrainOptions, split: Split) -> str:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    monitor = default_monitor(split.task, split.validation is not None)
+    monitor = default_monitor(split.task, split.validation is not None,
+                              split.vocabulary is not None)
     return ema_metric(monitor) if options.ema and monitor else monitor
 
 
@@ -141,7 +142,9 @@ def mixing(options: TrainOptions, split: Split) -> Mixing | None:
 
 
 def run_length(options: TrainOptions) -> RunLength:
-    return RunLength(batch_size=options.batch_size, epochs=options.epochs)
+    return RunLength(batch_size=options.batch_size, epochs=options.epochs,
+                     max_steps=options.max_steps or None,
+                     decay_steps=options.lr_decay_steps or None)
 
 
 
@@ -177,8 +180,9 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
             fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
         evaluated = learner.end_evaluation(means(tested))
     parts = ("val", "test") if split.validation is not None else ("test",)
-    names = [*metric_names(learner.end_training(means(train)), "train"),
-             *(name for part in parts for name in metric_names(evaluated, part))]
+    unit = split.vocabulary.unit if split.vocabulary is not None else None
+    names = [*metric_names(learner.end_training(means(train)), "train", unit),
+             *(name for part in parts for name in metric_names(evaluated, part, unit))]
     return sorted(set(names))
 
 
@@ -187,7 +191,7 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
     a test metric too (validation chooses, test reports), but for a run from before
     validation parts that monitored one."""
     if not options.monitor or options.monitor == default_monitor(
-            split.task, split.validation is not None):
+            split.task, split.validation is not None, split.vocabulary is not None):
         return
     if options.monitor.startswith("test_") and options.val_size != NO_VALIDATION:
         raise ConfigError(f"--monitor {options.monitor}: the test part is evaluated and "
@@ -216,6 +220,8 @@ def train_config(options: TrainOptions, split: Split, *, torch_model: bool = Fal
         resume=options.resume, monitor=monitor,
         monitor_mode="max" if "log_likelihood" in monitor else "min",
         patience=options.patience or None, progress=options.progress,
+        max_steps=options.max_steps or None, val_every=options.val_every or None,
+        val_batches=options.val_batches or None, peak_flops=options.peak_flops or None,
         fail_at=FailAt.parse(fail_at) if fail_at else None, record=record,
         mixing=mixing(options, split) if torch_model else None,
         run_record=run_record(options),
@@ -271,9 +277,9 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     if "peak_lr" in config.record:
         rank_zero_print(f"learning rate: {optimizer_line(options, config.record['peak_lr'])}")
     summary = Trainer(learner, split, config, runtime).fit()
-    rank_zero_print(f"done: {headline(summary, split.task)} after {summary['final_epoch']} "
-                    f"epoch(s), {chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s, "
-                    f"{summary['wall_time_s']:.1f} s\n"
+    rank_zero_print(f"done: {headline(summary, split.task)} after {run_extent(summary)}, "
+                    f"{chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s"
+                    f"{token_rates(summary)}, {summary['wall_time_s']:.1f} s\n"
                     f"run directory: {options.out} (summary.json, epochs.csv, "
                     f"learning_curves.png, checkpoints/; TensorBoard: tensorboard --logdir "
                     f"{Path(options.out) / 'tb'})")
@@ -298,7 +304,8 @@ def optimizer_line(options: TrainOptions, peak: float) -> str:
     scaled = "" if options.lr_scaling == "none" else \
         f" ({options.lr:g} at batch {options.lr_batch}, {options.lr_scaling} scaling to batch " \
         f"{options.batch_size})"
-    warmup = f", warmup {options.warmup:g} {options.schedule_unit}" if options.warmup else ""
+    unit = "steps" if options.max_steps else options.schedule_unit  # a run counted in steps
+    warmup = f", warmup {options.warmup:g} {unit}" if options.warmup else ""
     return f"peak {peak:.6g}{scaled}, {options.optimizer}, schedule {options.schedule}{warmup}"
 
 
@@ -313,12 +320,30 @@ def check_same_files(split: Split) -> None:
                         f"same files")
 
 
+def run_extent(summary: dict[str, Any]) -> str:
+    """How far the run went: its epochs, and its steps when it was counted in steps."""
+    config = summary.get("config", {})
+    if config.get("max_steps") or config.get("val_every"):
+        return f"{summary['steps']} step(s) ({summary['epochs_done']:.3g} epochs)"
+    return f"{summary['final_epoch']} epoch(s)"
+
+
+def token_rates(summary: dict[str, Any]) -> str:
+    """Token data: tokens per second of training and the MFU, for the final line."""
+    if "tokens_per_s" not in summary:
+        return ""
+    mfu = f", MFU {100 * summary['mfu']:.1f} %" if summary.get("mfu") is not None else ""
+    return f", {summary['tokens_per_s']:.0f} tokens/s{mfu}"
+
+
 def chosen_by(summary: dict[str, Any]) -> str:
     """Which epoch best/ holds and the metric that chose it, for the final line."""
     monitor = summary.get("monitor")
     if not monitor or summary.get("best_epoch") is None:
         return "no best/ (nothing monitored)"
-    return f"best/ epoch {summary['best_epoch']} by {monitor} {summary[f'best_{monitor}']:.4g}"
+    where = f"step {summary['best_step']}" if summary.get("config", {}).get("val_every") \
+        else f"epoch {summary['best_epoch']}"
+    return f"best/ {where} by {monitor} {summary[f'best_{monitor}']:.4g}"
 
 
 def headline(summary: dict[str, Any], task: str) -> str:
@@ -327,6 +352,15 @@ def headline(summary: dict[str, Any], task: str) -> str:
         value = summary.get(key)
         return "n/a" if value is None else f"{100 * value:.{digits}f} %"
 
+    if summary.get("test_perplexity") is not None:  # token data: per-token loss in nats
+        bits = next((k for k in summary if k.startswith("test_bits_per_")), None)
+        shown = f"test_loss {summary['test_loss']:.4f}, perplexity " \
+                f"{summary['test_perplexity']:.4g}"
+        if bits is not None:
+            shown += f", {summary[bits]:.4f} bits per {bits[len('test_bits_per_'):]}"
+        if summary.get("val_loss") is not None:
+            shown += f" (val_loss {summary['val_loss']:.4f})"
+        return shown
     if task == "classification":
         shown = f"test_error {pct('test_error', 2)}"
         if summary.get("test_ece") is not None:

@@ -33,7 +33,26 @@ class FitOptions:
     """How long to train, on which global batch, and where and how often to checkpoint."""
 
     epochs: int = field(default=10, metadata=resumable())
-    """Epochs to train."""
+    """Epochs to train (not used with max-steps)."""
+    max_steps: int = field(default=0, metadata=resumable(metavar="STEPS"))
+    """End the run at this global (optimizer) step, mid-epoch if so (0: after epochs epochs);
+    the schedule is then counted in steps: warmup, lr-step-size and milestones in steps, the
+    decay over lr-decay-steps."""
+    val_every: int = field(default=0, metadata=resumable(metavar="STEPS"))
+    """Validate every this many global steps and at the run's end, instead of at epoch ends
+    (0); best/ and early stopping (patience counted in validation points) follow these points,
+    each writes a checkpoint and a row of steps.csv; the test part is evaluated at the end."""
+    val_batches: int = 0
+    """Validate on this many global batches (batch-size samples each) of the validation part,
+    a seeded choice, the same at every validation point and on every world size (0: all of
+    it)."""
+    lr_decay_steps: int = 0
+    """Torch models with max-steps: the step at which cosine, linear or wsd reaches min-lr and
+    stays (0: max-steps)."""
+    peak_flops: float = field(default=0.0, metadata=resumable(metavar="FLOP/S"))
+    """Peak FLOP/s of one device for the model FLOPs utilisation (mfu) of a model that declares
+    its FLOPs per token (0: CUDA: the device's from a table; CPU: what a matrix multiply reaches
+    here, measured at the start)."""
     batch_size: int = 32
     """Global batch of one step, split evenly over the processes (each takes its local
     share)."""
@@ -63,7 +82,10 @@ class FitOptions:
 
     def __post_init__(self) -> None:
         check_at_least(self, ("epochs", "batch_size", "keep_last"), 1)
-        check_at_least(self, ("checkpoint_every", "patience"), 0)
+        check_at_least(self, ("checkpoint_every", "patience", "max_steps", "val_every",
+                              "val_batches", "lr_decay_steps"), 0)
+        if not self.peak_flops >= 0:
+            raise bad_value(self, "peak_flops", "FLOP/s > 0 (0: measured or from a table)")
         if self.resume not in ("auto", "never"):
             raise bad_value(self, "resume", "auto or never")
         if self.fail_at:
@@ -90,6 +112,7 @@ class TrainOptions(InitOptions, LaunchConfig, FitOptions, LearnerConfig, DataCon
             raise ConfigError(f"nnodes {self.nnodes} (elastic) needs out DIR, the same on every "
                               f"node and on a filesystem they share: a node that joins resumes "
                               f"from the run's checkpoints there")
+        check_steps(self)
         if self.resume == "never" and self.max_restarts:
             raise ConfigError("max-restarts restarts the job from its checkpoints, which "
                               "--resume never forbids: use one or the other")
@@ -164,6 +187,24 @@ def run_record(options: TrainOptions) -> dict[str, Any]:
         if digest is not None:
             record[key] = digest
     return record
+
+
+def check_steps(options: TrainOptions) -> None:
+    """A run counted in steps, one line per inconsistency: its warmup (in steps) must end before
+    the run does; lr-decay-steps needs max-steps and a torch model."""
+    if options.lr_decay_steps and not options.max_steps:
+        raise ConfigError(f"lr-decay-steps {options.lr_decay_steps} counts the decay in steps of "
+                          f"a run counted in steps: give max-steps too")
+    if options.lr_decay_steps and options.model in TAGI_MODELS:
+        raise ConfigError(f"lr-decay-steps is for torch models; {options.model} is a TAGI model "
+                          f"(it has no learning rate)")
+    if options.max_steps and options.warmup and options.max_steps <= options.warmup:
+        raise ConfigError(f"max-steps {options.max_steps} is not longer than warmup "
+                          f"{options.warmup:g} steps: the run would end before its warmup; train "
+                          f"longer or warm up less")
+    if options.lr_decay_steps and options.warmup and options.lr_decay_steps <= options.warmup:
+        raise ConfigError(f"lr-decay-steps {options.lr_decay_steps} is not longer than warmup "
+                          f"{options.warmup:g} steps: the decay would end before it starts")
 
 
 def check_batch_split(batch_size: int, world_size: int, source: str) -> None:

@@ -1,4 +1,5 @@
-"""Rank 0's progress bar: samples/s over all ranks and this rank's running metrics."""
+"""Rank 0's progress bar: samples/s over all ranks (tokens/s and MFU for token data) and this
+rank's running metrics."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from dptrain.learners.protocol import Metrics
 
 
 class Progress:
-    def __init__(self, *, total: int, done: int, desc: str, enabled: bool) -> None:
+    def __init__(self, *, total: int, done: int, desc: str, enabled: bool,
+                 tokens_per_sample: int | None = None, mfu_per_token: float | None = None
+                 ) -> None:
         self.bar = None
+        self.tokens_per_sample, self.mfu_per_token = tokens_per_sample, mfu_per_token
         self.sums: dict[str, list[float]] = {}
         self.samples = 0
         if enabled:
@@ -32,8 +36,13 @@ class Progress:
         # a name starting with "_" is the learner's own bookkeeping (Learner.end_training)
         shown = {k: f"{s / c:.4g}" for k, (s, c) in self.sums.items()
                  if c and not k.startswith("_")}
-        self.bar.set_postfix(samples_per_s=f"{self.samples / elapsed:.0f}", **shown,
-                             refresh=False)
+        rates = {"samples_per_s": f"{self.samples / elapsed:.0f}"}
+        if self.tokens_per_sample is not None:
+            tokens_per_s = self.samples * self.tokens_per_sample / elapsed
+            rates["tokens_per_s"] = f"{tokens_per_s:.0f}"
+            if self.mfu_per_token is not None:
+                rates["mfu"] = f"{100 * self.mfu_per_token * tokens_per_s:.1f}%"
+        self.bar.set_postfix(**rates, **shown, refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,8 +1,16 @@
-"""Trainer: epochs over sharded data, exact evaluation, atomic checkpoints with exact resume.
+"""Trainer: epochs or steps over sharded data, exact evaluation, atomic checkpoints with exact
+resume.
 
 The Trainer drives any `Learner` (dptrain.learners.protocol) and knows nothing about TAGI or
 autograd. Every rank runs `fit()`; collectives happen inside the learner's `train_step`, in the
-metric reduction at each epoch end, and around checkpoints.
+metric reduction at each epoch end and validation point, and around checkpoints.
+
+Steps are the run's clock (docs/howto/checkpoints.md, Steps and validation points): a run ends
+after `num_epochs` epochs or at global step `max_steps` (mid-epoch if so: epochs are then a view
+of steps), and validates at each epoch end or, with `val_every`, every that many steps and at
+its end. Each validation point is a row of steps.csv (when the run counts steps) and a chance
+for best/ and early stopping; with `val_every` each also writes a checkpoint, so that best/ can
+hold it and a resumed run never validates a point twice.
 """
 
 from __future__ import annotations
@@ -20,14 +28,22 @@ from typing import Any, Literal
 import torch
 
 from dptrain import runtime as dd
-from dptrain.data import ShardedSampler, Split, num_samples_per_rank, world_sizes_dividing
+from dptrain.data import (
+    ShardedSampler,
+    Split,
+    num_samples_per_rank,
+    steps_per_epoch,
+    world_sizes_dividing,
+)
 from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.data.mixing import Mixing
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.fingerprint import params_sha256
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
-from dptrain.train import loggers, resume, rng
+from dptrain.data.datasets.holdout import subset
+from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
+from dptrain.train import flops, loggers, resume, rng, steps
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
 from dptrain.train.progress import Progress
@@ -78,6 +94,21 @@ class TrainConfig:
     mixing: Mixing | None = None
     """Mixup/cutmix of the training batches (`dptrain.data.mixing`): partners and weights
     from (seed, epoch, global position), the same on any world size."""
+    max_steps: int | None = None
+    """End the run at this global (optimizer) step, mid-epoch if so, instead of after
+    num_epochs epochs (then not used)."""
+    val_every: int | None = None
+    """Validate every this many global steps, and at the run's end, instead of at each epoch
+    end; best/ and early stopping (patience in validation points) follow these points, and each
+    writes a checkpoint. The test part is evaluated at the end only."""
+    val_batches: int | None = None
+    """Validate on this many global batches (global_batch_size samples each) of the validation
+    part: a seeded choice over the whole part, the same at every point and on every world size
+    (`dptrain.train.steps.validation_indices`); None: all of it."""
+    peak_flops: float | None = None
+    """FLOP/s of one device for the model FLOPs utilisation (mfu); None: the CUDA device's from
+    a table, or measured on this CPU at the start. Only for a model that declares its
+    flops_per_token."""
     record: dict[str, Any] = field(default_factory=dict)
     """What built this run (the CLI's options), stored for the record."""
     run_record: dict[str, Any] = field(default_factory=dict)
@@ -95,6 +126,12 @@ class TrainConfig:
             raise ConfigError(f"workers must be >= 0, got {self.workers}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"checkpoint_every must be >= 1 step, got {self.checkpoint_every}")
+        for name in ("max_steps", "val_every", "val_batches"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 (or None), got {value}")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ConfigError(f"peak_flops must be > 0 FLOP/s (or None), got {self.peak_flops}")
         if self.resume not in ("auto", "never"):
             raise ConfigError(f"resume must be 'auto' or 'never', got {self.resume!r}")
 
@@ -105,27 +142,40 @@ class TrainConfig:
         return out
 
 
-def _derived(means: dict[str, float], prefix: str) -> dict[str, float]:
-    """`{prefix}_{name}` per metric, plus rmse from mse (and ema_rmse from ema_mse)."""
+def _derived(means: dict[str, float], prefix: str, unit: str | None = None) -> dict[str, float]:
+    """`{prefix}_{name}` per metric, plus rmse from mse (and ema_rmse from ema_mse); for token
+    data (`unit`: what one token is) perplexity and bits per unit from the per-token loss."""
     out = {f"{prefix}_{k}": v for k, v in means.items()}
     for name in ("mse", "ema_mse"):
         if name in means:
             out[f"{prefix}_{name[:-3]}rmse"] = math.sqrt(means[name])
+    if unit is not None:
+        out.update(steps.language_metrics(means, prefix, unit))
     return out
 
 
-def metric_names(reported: Iterable[str], prefix: str) -> list[str]:
+def metric_names(reported: Iterable[str], prefix: str, unit: str | None = None) -> list[str]:
     """The columns of epochs.csv that metrics reported as `reported` become (`train`, `val`
-    or `test` prefix, rmse from mse)."""
-    return list(_derived(dict.fromkeys(reported, 0.0), prefix))
+    or `test` prefix, rmse from mse, perplexity and bits per `unit` for token data)."""
+    return list(_derived(dict.fromkeys(reported, 0.0), prefix, unit))
 
 
-def default_monitor(task: str, has_validation: bool) -> str:
-    """The metric that chooses when none is named: the validation error (classification) or
-    RMSE (regression); "" (nothing chosen) without a validation part."""
+def default_monitor(task: str, has_validation: bool, token_data: bool = False) -> str:
+    """The metric that chooses when none is named: the validation loss (token data: nats per
+    token), error (classification) or RMSE (regression); "" (nothing chosen) without a
+    validation part."""
     if not has_validation:
         return ""
+    if token_data:
+        return "val_loss"
     return "val_error" if task == "classification" else "val_rmse"
+
+
+def _add(sums: Metrics, metrics: Metrics) -> None:
+    """Add a step's (sum, count) per metric to `sums`, in place."""
+    for name, (s, c) in metrics.items():
+        total_s, total_c = sums.get(name, (0.0, 0.0))
+        sums[name] = (total_s + s, total_c + c)
 
 
 def _pause_stats(pauses: list[float]) -> dict[str, float | int]:
@@ -156,10 +206,16 @@ class Trainer:
         pin = runtime.device.type == "cuda"
         self.loader = BatchLoader(split.train, self.sampler, self.local_batch_size,
                                   workers=config.workers, pin_memory=pin, mixing=config.mixing)
+        self.steps_per_epoch = steps_per_epoch(len(split.train), self.world_size,
+                                               self.local_batch_size)
+        """Global steps of one epoch: ceil(training samples / global batch), any world size."""
+        self.unit = split.vocabulary.unit if split.vocabulary is not None else None
+        """Token data: what one token is (character, byte, token), for bits per unit."""
+        self.tokens_per_sample = self._tokens_per_sample()
         # Each evaluated part, validation first: the test part's evaluation is the learner's
         # last of the epoch (its calibration bins are the test part's in the summary).
         self.eval_parts = {prefix: self._eval_part(dataset) for prefix, dataset in
-                           (("val", split.validation), ("test", split.test))
+                           (("val", self._validation_part()), ("test", split.test))
                            if dataset is not None}
         self.data_wait_s = 0.0
         """Seconds the training steps waited for their batches (not the evaluations)."""
@@ -168,7 +224,8 @@ class Trainer:
         self.train_s = 0.0
         """Seconds spent in training epochs (waits for batches included, evaluations not)."""
         self.monitor = config.monitor or default_monitor(split.task,
-                                                         split.validation is not None)
+                                                         split.validation is not None,
+                                                         split.vocabulary is not None)
         if config.patience is not None and not self.monitor:
             raise ConfigError(f"patience {config.patience} needs a metric to monitor, and "
                               f"{split.name} has no validation part: give the split one "
@@ -189,6 +246,41 @@ class Trainer:
         self._epoch_sums: Metrics = {}
         """This rank's (sum, count) per train metric so far in the current epoch; saved in
         mid-epoch checkpoints so a resumed epoch reports the metrics of all its steps."""
+        self._point_sums: Metrics = {}
+        """This rank's (sum, count) per train metric since the last validation point (steps.csv's
+        train columns); saved in every checkpoint, like `_epoch_sums`."""
+        self.step_history: list[dict[str, Any]] = []
+        """One row per validation point (steps.csv)."""
+        self.best_step: int | None = None
+        """The global step of the validation point best/ holds."""
+        self._best_pending = False
+        """A validation point at an epoch's last step (or the run's) was the best: the
+        checkpoint written there right after it becomes best/."""
+        self.throughput: dict[str, Any] = {}
+        """The model's FLOPs per token and the devices' peak (MFU), set at the start."""
+
+    @property
+    def counts_steps(self) -> bool:
+        """Whether the run is counted in steps (max_steps or val_every): it writes steps.csv."""
+        return self.config.max_steps is not None or self.config.val_every is not None
+
+    def _tokens_per_sample(self) -> int | None:
+        """Token data: the target positions of one sample (a window's length); else None."""
+        if self.split.vocabulary is None:
+            return None
+        _, y = fetch_batch(self.split.train, 0, torch.arange(1))
+        return max(1, y[0].numel())
+
+    def _validation_part(self) -> Any:
+        """The validation part, or its `val_batches` global batches (the same samples at every
+        validation point, on every rank and world size)."""
+        dataset = self.split.validation
+        if dataset is None or self.config.val_batches is None:
+            return dataset
+        chosen = steps.validation_indices(len(dataset), batches=self.config.val_batches,
+                                          batch_size=self.config.global_batch_size,
+                                          seed=self.config.seed)
+        return dataset if chosen is None else subset(dataset, chosen)
 
     @property
     def eval_sampler(self) -> ShardedSampler:
@@ -197,9 +289,9 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Train to the last epoch (or early stop) and return the summary (also summary.json).
-        The data loaders' worker processes and the checkpoint writer's thread end with it,
-        however it ends."""
+        """Train to the last epoch or max_steps (or an early stop) and return the summary (also
+        summary.json). The data loaders' worker processes and the checkpoint writer's thread
+        end with it, however it ends."""
         try:
             return self._fit()
         except BaseException as failure:
@@ -229,21 +321,31 @@ class Trainer:
         if self.rank == 0:
             Path(self.config.out_dir).mkdir(parents=True, exist_ok=True)
             self.tb = loggers.TensorBoardLogger(Path(self.config.out_dir) / "tb")
+            if self.split.vocabulary is not None:  # generate, init-from and load_run read it
+                self.split.vocabulary.save(Path(self.config.out_dir) / VOCABULARY_FILE)
+        self.throughput = self._throughput_setup()
         samples_seen = 0
-        while self.epoch < self.config.num_epochs and not self.early.should_stop:
+        while not self._run_over():
             self.sampler.set_epoch(self.epoch)
             # per-epoch schedules (TAGI σ_v), and augmentation draws through the loader, are
             # functions of the epoch, so a resumed run continues them exactly
             self.learner.set_epoch(self.epoch)
             epoch_start = time.perf_counter()
-            train_means, seen = self._train_epoch()
+            seen = self._train_epoch()
             self.train_s += time.perf_counter() - epoch_start
             samples_seen += seen
-            evaluated = {name: self._evaluate(name) for name in self.eval_parts}
-            improved = self._end_epoch(train_means, evaluated)
+            # The epoch ends here, or the run in it (max_steps, or an early stop at a point).
+            epoch_complete = self.sampler.num_remaining == 0
+            last = self._stopped() or (epoch_complete and self.config.max_steps is None
+                                       and self.epoch + 1 >= self.config.num_epochs)
+            train_means = self._epoch_means(clear=epoch_complete)
+            improved = self._end_epoch(train_means, self._epoch_evaluation(last), last)
             self._log_step_times()
-            self._save_checkpoint(epoch_done=True, is_best=improved)
-            self.epoch += 1
+            self._save_checkpoint(epoch_done=epoch_complete, is_best=improved)
+            if epoch_complete:
+                self.epoch += 1
+            if last:
+                break
         # The last checkpoint is published before the run says it is done, on every rank (a
         # caller may look for it as soon as fit() returns, on any rank).
         self._writer.wait()
@@ -252,15 +354,30 @@ class Trainer:
         self._finish(summary)
         return summary
 
-    def _train_epoch(self) -> tuple[dict[str, float], int]:
-        sums = self._epoch_sums  # empty, or restored from a mid-epoch checkpoint
+    def _stopped(self) -> bool:
+        """The run ends at this step: max_steps reached, or early stopping said so."""
+        return self.early.should_stop or (self.config.max_steps is not None
+                                          and self.step >= self.config.max_steps)
+
+    def _run_over(self) -> bool:
+        """Nothing is left to train (a run resumed from its last checkpoint included)."""
+        return self._stopped() or (self.config.max_steps is None
+                                   and self.epoch >= self.config.num_epochs)
+
+    def _train_epoch(self) -> int:
+        """Steps to the epoch's end, to max_steps, or to an early stop at a validation point;
+        the samples this run trained on, over every rank."""
         seen = 0
-        progress = Progress(total=self.sampler.num_batches(self.local_batch_size),
-                            done=self.sampler.position // self.local_batch_size,
-                            desc=f"epoch {self.epoch + 1}/{self.config.num_epochs}",
-                            enabled=self.config.progress and self.rank == 0)
+        total = self.sampler.num_batches(self.local_batch_size)
+        done = self.sampler.position // self.local_batch_size
+        if self.config.max_steps is not None:
+            total = min(total, done + self.config.max_steps - self.step)
+        progress = Progress(total=total, done=done, desc=self._progress_label(),
+                            enabled=self.config.progress and self.rank == 0,
+                            tokens_per_sample=self.tokens_per_sample,
+                            mfu_per_token=self.throughput.get("mfu_per_token"))
         batches = iter(self.loader)
-        while True:
+        while not self._stopped():
             waited = time.perf_counter()
             batch = next(batches, None)
             fetched = time.perf_counter() - waited
@@ -276,19 +393,101 @@ class Trainer:
                 self.tb.log_step(self._step_scalars, self.step)
             self.step_times.end_step(self.step, fetched)
             seen += len(batch[1])
-            for name, (s, c) in metrics.items():
-                total = sums.get(name, (0.0, 0.0))
-                sums[name] = (total[0] + s, total[1] + c)
+            # The sums (empty, or restored from a checkpoint) of the epoch, and since the last
+            # validation point for a run counted in steps (steps.csv); a point empties the latter.
+            _add(self._epoch_sums, metrics)
+            if self.counts_steps:
+                _add(self._point_sums, metrics)
             progress.update(len(batch[1]) * self.world_size, metrics)
-            if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0 \
-                    and self.sampler.num_remaining > 0:
-                self._save_checkpoint(epoch_done=False)
+            self._after_step()
         progress.close()
-        self._epoch_sums = {}
         # The ranks' own counts: an uneven last step holds fewer than world size x rank 0's.
-        seen = sum(dd.all_gather_object(seen))
+        return sum(dd.all_gather_object(seen))
+
+    def _after_step(self) -> None:
+        """A validation point (`val_every`), else a `checkpoint_every` checkpoint, when due.
+        Either is written mid-epoch only: the epoch's or the run's end writes its own next."""
+        config, step = self.config, self.step
+        ends_here = self.sampler.num_remaining == 0 or (config.max_steps is not None
+                                                        and step >= config.max_steps)
+        if config.val_every and step % config.val_every == 0:
+            improved = self._validation_point()
+            if ends_here or self.early.should_stop:
+                self._best_pending |= improved  # the checkpoint coming next holds this point
+            else:
+                self._save_checkpoint(epoch_done=False, is_best=improved)
+        elif config.checkpoint_every and step % config.checkpoint_every == 0 and not ends_here:
+            self._save_checkpoint(epoch_done=False)
+
+    def _samples_seen(self) -> int:
+        return steps.samples_seen(self.step, steps_per_epoch=self.steps_per_epoch,
+                                  global_batch_size=self.config.global_batch_size,
+                                  num_samples=len(self.split.train))
+
+    def _progress_label(self) -> str:
+        if self.config.max_steps is not None:
+            return f"epoch {self.epoch + 1}, step {self.step}/{self.config.max_steps}"
+        return f"epoch {self.epoch + 1}/{self.config.num_epochs}"
+
+    def _epoch_means(self, *, clear: bool) -> dict[str, float]:
+        """Collective: the train metrics of the epoch's steps so far, over every rank; the sums
+        are kept for a mid-epoch checkpoint unless the epoch is over (`clear`)."""
+        sums = self._epoch_sums
+        if clear:
+            self._epoch_sums = {}
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        return _derived(self.learner.end_training(means), "train"), seen
+        return _derived(self.learner.end_training(means), "train", self.unit)
+
+    def _epoch_evaluation(self, last: bool) -> dict[str, dict[str, float]]:
+        """The parts evaluated at this epoch end: every part, or with `val_every` (whose
+        validation points are the steps) only at the run's end: the last point's validation,
+        after one at this step if the last was earlier, and the test part."""
+        if not self.config.val_every:
+            return {name: self._evaluate(name) for name in self.eval_parts}
+        if not last:
+            return {}
+        if not self.step_history or self.step_history[-1]["step"] != self.step:
+            self._best_pending |= self._validation_point()
+        row = self.step_history[-1]
+        evaluated = {"val": {k: v for k, v in row.items() if k.startswith("val_")}}
+        if "test" in self.eval_parts:
+            evaluated["test"] = self._evaluate("test")
+        return evaluated
+
+    def _validation_point(self, evaluated: dict[str, float] | None = None) -> bool:
+        """Collective: a row of steps.csv (train metrics since the last point, validation at
+        this step); with `val_every`, best/ and early stopping look at it. True when it is the
+        new best. `evaluated`: the validation an epoch end just made (no second one)."""
+        if evaluated is None:
+            evaluated = self._evaluate("val") if "val" in self.eval_parts else {}
+        sums, self._point_sums = self._point_sums, {}
+        means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
+        since = {k: v for k, v in _derived(means, "train", self.unit).items()
+                 if not k.startswith("train__")}
+        seen = self._samples_seen()
+        row: dict[str, Any] = {"step": self.step,
+                               "epoch": round(self.step / self.steps_per_epoch, 6),
+                               "samples": seen}
+        if self.tokens_per_sample is not None:
+            row["tokens"] = seen * self.tokens_per_sample
+        row.update({**self._step_scalars, **since, **evaluated})
+        self.step_history.append(row)
+        improved = False
+        if self.config.val_every:
+            improved = self.early.update(self.epoch + 1, row)
+        if improved:
+            self.best_step = self.step
+        if self.rank == 0:
+            loggers.write_csv(Path(self.config.out_dir) / "steps.csv", self.step_history)
+            if self.tb is not None:  # against the step, beside the learning rate
+                self.tb.log_step({k: v for k, v in row.items()
+                                  if k.startswith(("train_", "val_"))}, self.step)
+            if self.config.val_every:
+                shown = "  ".join(f"{k} {v:.4g}" for k, v in row.items()
+                                  if k not in ("step", "epoch", "samples", "tokens"))
+                end = f"/{self.config.max_steps}" if self.config.max_steps else ""
+                dd.rank_zero_print(f"step {self.step}{end} (epoch {row['epoch']:.4g})  {shown}")
+        return improved
 
     def _eval_part(self, dataset: Any) -> tuple[ShardedSampler, BatchLoader]:
         sampler = ShardedSampler(dataset, rank=self.rank, world_size=self.world_size,
@@ -319,20 +518,32 @@ class Trainer:
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        return _derived(self.learner.end_evaluation(means, part), part)
+        return _derived(self.learner.end_evaluation(means, part), part, self.unit)
 
     def _end_epoch(self, train_means: dict[str, float],
-                   evaluated: dict[str, dict[str, float]]) -> bool:
+                   evaluated: dict[str, dict[str, float]], last: bool) -> bool:
+        """The epoch's row of epochs.csv (an epoch the run ends in counts as one, and a later
+        run that goes on replaces its row); without `val_every` its validation is a point that
+        chooses. True when the checkpoint written next becomes best/."""
         record = {"epoch": self.epoch + 1, "step": self.step, **self._step_scalars,
                   **train_means, **{k: v for means in evaluated.values() for k, v in means.items()}}
+        self.history = [row for row in self.history if row["epoch"] != self.epoch + 1]
         self.history.append(record)
-        improved = self.early.update(self.epoch + 1, record)
+        if self.config.val_every:
+            improved, self._best_pending = self._best_pending, False
+        else:
+            improved = self.early.update(self.epoch + 1, record)
+            if improved:
+                self.best_step = self.step
+            if self.counts_steps:
+                self._validation_point(evaluated.get("val", {}))
         if self.rank == 0:
             loggers.write_csv(Path(self.config.out_dir) / "epochs.csv", self.history)
             if self.tb is not None:
                 self.tb.log(record)
             shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "epoch")
-            dd.rank_zero_print(f"epoch {self.epoch + 1}/{self.config.num_epochs}  {shown}")
+            of = "" if self.config.max_steps is not None else f"/{self.config.num_epochs}"
+            dd.rank_zero_print(f"epoch {self.epoch + 1}{of}  {shown}")
         return improved
 
     def _log_step_times(self) -> None:
@@ -375,6 +586,8 @@ class Trainer:
             midway()  # while rank 0 writes
         # Summed in the same order as an uninterrupted run, the epoch's metrics come out equal.
         partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
+        # Since the last validation point, which need not be an epoch end (steps.csv).
+        point_sums = dd.all_gather_object(dict(self._point_sums)) if self.counts_steps else None
         if self.rank == 0:
             # One write in flight at most; it must be done before `begin`, as its pruning
             # removes stale temporary folders.
@@ -392,7 +605,8 @@ class Trainer:
                               "history": self.history,
                               "trainer": {"epoch": self.epoch, "step": self.step,
                                           "epoch_done": epoch_done,
-                                          "partial_sums": partial_sums}})
+                                          "partial_sums": partial_sums,
+                                          **self._step_state(point_sums)}})
             meta = {"step": self.step, "epoch": self.epoch, "epoch_done": epoch_done,
                     "world_size": self.world_size, "config": self.config.to_json(),
                     "run_record": record, "sharded": record.get("sharded_checkpoint", False),
@@ -401,6 +615,15 @@ class Trainer:
         if not self.config.async_checkpoints:
             dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
         self.checkpoint_pauses.append(time.perf_counter() - started)
+
+    def _step_state(self, point_sums: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """What a run counted in steps adds to a checkpoint: the validation points so far, the
+        best one's step and every rank's train sums since the last point. Nothing for a run
+        in epochs, whose checkpoints stay as they were."""
+        if point_sums is None:
+            return {}
+        return {"step_history": self.step_history, "best_step": self.best_step,
+                "point_sums": point_sums}
 
     def _publish(self, tmp: Path, state: dict[str, Any], meta: dict[str, Any], is_best: bool,
                  midway: Any) -> None:
@@ -451,6 +674,10 @@ class Trainer:
         self.early.load_state_dict(state["early_stopping"])
         self.history = list(state["history"])
         self.step = trainer["step"]
+        self.step_history = list(trainer.get("step_history", []))
+        self.best_step = trainer.get("best_step")
+        self._point_sums = resume.partial_sums(trainer.get("point_sums"), self.rank,
+                                               self.world_size)
         if trainer["epoch_done"]:
             self.epoch = trainer["epoch"] + 1
         else:
@@ -469,21 +696,77 @@ class Trainer:
                         saved_world, self.world_size)
             rng.seed_everything(self.config.seed + 1000 * self.epoch + self.rank)
 
+    def _throughput_setup(self) -> dict[str, Any]:
+        """Collective: the model's training FLOPs per token and one device's peak (rank 0's,
+        the same in every rank's summary), for the MFU; {} for a model that declares no FLOPs
+        per token, or data that are not tokens."""
+        per_token = flops.model_flops_per_token(getattr(self.learner, "module", None))
+        if per_token is None or self.tokens_per_sample is None:
+            return {}
+        precision = getattr(getattr(self.learner, "config", None), "precision", "32")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        params = list(self.learner.module.parameters())
+        if params and params[0].dtype == torch.float64:
+            dtype = torch.float64
+        peak = dd.broadcast_object(flops.peak_flops(self.runtime.device, dtype,
+                                                    self.config.peak_flops))
+        out: dict[str, Any] = {"flops_per_token": per_token, "peak_flops": peak.rate,
+                               "peak_flops_source": peak.source}
+        if peak.rate:
+            out["mfu_per_token"] = per_token / (peak.rate * self.world_size)
+        return out
+
+    def _rates(self, samples: int) -> dict[str, Any]:
+        """Token data: the tokens seen, tokens per second of training (evaluations left out)
+        and the MFU."""
+        if self.tokens_per_sample is None:
+            return {}
+        tokens_per_s = samples * self.tokens_per_sample / self.train_s if self.train_s else 0.0
+        out: dict[str, Any] = {"tokens_per_s": tokens_per_s}
+        out.update({k: v for k, v in self.throughput.items() if k != "mfu_per_token"})
+        if "mfu_per_token" in self.throughput:
+            out["mfu"] = self.throughput["mfu_per_token"] * tokens_per_s
+        return out
+
+    def _token_report(self) -> dict[str, Any]:
+        """Token data: the vocabulary's kind and size and the characters outside it met in
+        each part (mapped to its unknown id)."""
+        vocabulary = self.split.vocabulary
+        if vocabulary is None:
+            return {}
+        return {"vocabulary": {"kind": vocabulary.kind, "size": vocabulary.size,
+                               "file": VOCABULARY_FILE},
+                "unknown_tokens": dict(self.split.unknown_tokens)}
+
+    def _step_report(self) -> dict[str, Any]:
+        """Where the run is in steps: epochs as their view, samples (and tokens) seen, the
+        step of the best validation point."""
+        seen = self._samples_seen()
+        out: dict[str, Any] = {"epochs_done": self.step / self.steps_per_epoch,
+                               "samples_seen": seen, "best_step": self.best_step}
+        if self.tokens_per_sample is not None:
+            out["tokens_seen"] = seen * self.tokens_per_sample
+        return out
+
     # ------------------------------------------------------------------------------ the end
     def _summary(self, wall_s: float, samples: int, resumed_from: str | None) -> dict[str, Any]:
         final = self.history[-1] if self.history else {}
         best = self.early.best_epoch
         chosen = {"monitor": self.monitor, f"best_{self.monitor}": self.early.best} \
             if self.monitor else {"monitor": None}
+        ended_early = self.early.should_stop and (
+            self.step < self.config.max_steps if self.config.max_steps is not None
+            else self.epoch < self.config.num_epochs)
         return {
             **{k: v for k, v in final.items() if k.startswith("test_")},
             **{k: v for k, v in final.items() if k.startswith("val_")},
-            "final_epoch": final.get("epoch"), "steps": self.step,
+            "final_epoch": final.get("epoch"), "steps": self.step, **self._step_report(),
             "best_epoch": best, **chosen,
-            "stopped_early": self.early.should_stop and self.epoch < self.config.num_epochs,
+            "stopped_early": ended_early,
             "world_size": self.world_size, "batch_size": self.config.global_batch_size,
             "wall_time_s": wall_s,
             "samples_per_s": samples / wall_s if wall_s > 0 else 0.0,
+            **self._rates(samples), **self._token_report(),
             "data_wait_s": self.data_wait_s, "train_time_s": self.train_s,
             "data_wait_share": self.data_wait_s / self.train_s if self.train_s > 0 else 0.0,
             **self._skipped_samples(),
