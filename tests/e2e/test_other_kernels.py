@@ -1,7 +1,7 @@
-"""Contract 15 checked on the machine that writes the test, before it lands: the tests that
-compare figures computed here with figures recorded on another machine (marked `recorded`)
-pass again with other kernels doing the arithmetic, so a comparison too tight for another CPU
-fails here instead of on a newcomer's `make test`.
+"""docs/design.md, contract 12, checked on the machine that writes a test, before it lands:
+the tests that compare figures computed here with figures recorded on another machine (marked
+`recorded`) pass again with other kernels doing the arithmetic, so a comparison too tight for
+another CPU fails here instead of on a newcomer's `make test`.
 
 What moves the last bits, measured on an AVX-512 Intel Xeon with torch's MKL build: torch's
 own kernels in their portable build (`ATEN_CPU_CAPABILITY=default`: no vector units, so other
@@ -47,6 +47,9 @@ def _old_run_resumed(out: Path, **env: str) -> str:
 
 @pytest.mark.timeout(420)
 def test_recorded_figures_hold_under_other_kernels(tmp_path):
+    make = " ".join(f"{name}={value}" for name, value in OTHER_KERNELS.items())
+    assert f"{make} $(PY) -m pytest -q -m recorded" in (REPO / "Makefile").read_text(), \
+        "`make test-other-kernels` runs under the same kernels"
     here = _old_run_resumed(tmp_path / "here")
     other = _old_run_resumed(tmp_path / "other", **OTHER_KERNELS)
     if here == other:

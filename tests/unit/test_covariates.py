@@ -216,7 +216,7 @@ def test_a_tagi_lstm_run_written_before_learned_noise_resumes_as_it_began(tmp_pa
     epochs_unbroken.csv, two epochs unbroken): the resumed run keeps the recorded first
     epoch byte for byte (it is read, not recomputed), and every figure it and the unbroken
     run computed here lies within RECORDED_RTOL of the recorded ones, a tolerance another
-    CPU's kernels cannot break (contract 15)."""
+    CPU's kernels cannot break: docs/design.md, contract 12."""
     old = json.loads((DATA / "run_before_covariates" / "checkpoints" / "step-00000082"
                       / "meta.json").read_text())["run_record"]
     command = ["train", "--model", "tagi-lstm", "--dataset", "seasonal", "--nproc", "1",

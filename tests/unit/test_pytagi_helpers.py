@@ -17,7 +17,8 @@ from dptrain.pytagi.nn import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, Layer
 
 #: Every test here compares what this machine computes with the wheel's outputs recorded on
 #: another machine (tests/data/pytagi_helpers.npz): exactly where nothing is rounded (labels,
-#: indices, copied windows), else at a tolerance its kernels cannot break (contract 15).
+#: indices, copied windows), else at a tolerance its kernels cannot break: docs/design.md,
+#: contract 12.
 pytestmark = pytest.mark.recorded
 
 WHEEL = np.load(Path(__file__).parents[1] / "data" / "pytagi_helpers.npz")

@@ -33,7 +33,8 @@ from tests.unit.pytagi_parity import (RTOL, cap_report, layer_at, load_case, nor
                                       replay)
 
 #: Every test here compares what this machine computes with pytagi's steps recorded on another
-#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break (contract 15).
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
 pytestmark = pytest.mark.recorded
 
 F64 = torch.float64

@@ -14,7 +14,8 @@ from dptrain.tagi import (AvgPool2d, ClosedFormSoftmax, Conv2d, ConvTranspose2d,
 from tests.unit.pytagi_parity import FIXTURES, RTOL, Case, cap_report, load_case, replay
 
 #: Every test here compares what this machine computes with pytagi's steps recorded on another
-#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break (contract 15).
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
 pytestmark = pytest.mark.recorded
 
 LAYER_FIXTURES = FIXTURES.with_name("pytagi_fixtures_layers.npz")

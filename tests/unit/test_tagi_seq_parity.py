@@ -14,7 +14,8 @@ from tests.unit.pytagi_parity import (RTOL, SEQ_FIXTURES, Case, Result, load_cas
                                      load_initial_parameters, replay, standard_update)
 
 #: Every test here compares what this machine computes with pytagi's steps recorded on another
-#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break (contract 15).
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
 pytestmark = pytest.mark.recorded
 
 F64 = torch.float64

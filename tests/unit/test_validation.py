@@ -191,8 +191,9 @@ def test_a_run_written_before_validation_parts_resumes_as_it_began(tmp_path, cap
     newest checkpoint; the record lacks val_size). Resumed by today's command with no new
     option, it goes on with no validation part (all 1437 training samples, 23 steps an epoch,
     no val_* column), monitors test_error and decodes with pytagi's probit link as it did;
-    resumed again, the same. Portable (contract 15): the recorded epochs are kept as text, not
-    recomputed, and no figure computed here is compared with one recorded elsewhere."""
+    resumed again, the same. Portable (docs/design.md, contract 12): the recorded epochs are
+    kept as text, not recomputed, and no figure computed here is compared with one recorded
+    elsewhere."""
     run = Path(shutil.copytree(DATA / "run_before_validation", tmp_path / "run"))
     before = (run / "epochs.csv").read_text()
     args = ["train", "--nproc", "1", "--hidden", "8", "--batch-size", "64", "--keep-last", "1",
