@@ -175,8 +175,9 @@ def test_a_record_from_before_a_model_default_changed_resumes_with_the_old_value
 #: AVX-512, MKL's Intel or AMD path) changes the last bits of every step, and two epochs of the
 #: LSTM carry that into the 8th significant digit (an AMD EPYC: -5.0402471619 against the
 #: recorded -5.0402470820, 1.6e-8; tests/e2e/test_other_kernels.py's kernels: 1.5e-8). 1e-5 leaves
-#: a margin of several hundred over that, and a change of what the run computes (learned noise,
-#: calendar covariates, another lookback) moves these figures by far more.
+#: a margin of several hundred over that, and a change of what the run computes moves these
+#: figures by far more (mutation tried: the step cap's factor 2 made 2.02 moves the second
+#: epoch's train log-likelihood by 7e-4 relative, failing here).
 RECORDED_RTOL = 1e-5
 #: Interval coverages count samples: one whose value lies at an interval's edge may cross it
 #: under other rounding; two of the 384 test windows (seven of the 1312 training ones).
