@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The torch the tests are run with (override: make TORCH_SPEC=...); the package needs torch>=2.6.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-fast docs docs-serve setup system-deps clean
+.PHONY: demo test test-fast test-other-kernels docs docs-serve setup system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ test: setup system-deps
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not dist and not e2e and not slow"
+
+# The tests that compare figures with ones recorded on another machine (marker `recorded`),
+# all of them, with other kernels than this CPU's own doing the arithmetic: torch's portable
+# kernels and MKL's most compatible path, the configuration tests/e2e/test_other_kernels.py
+# re-runs the fast ones under. A comparison too tight for another CPU fails here.
+test-other-kernels: setup
+	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE $(PY) -m pytest -q -m recorded
 
 # The documentation site, built into site/ in strict mode (a broken link, a missing page or a
 # docstring reference that does not resolve fails it); docs-serve previews it while you edit.

@@ -51,6 +51,7 @@ def _metrics(epoch_line: str) -> dict[str, float]:
 DEMO_TOLERANCE = {"error": 0.015, "log_likelihood": 0.05, "ece": 0.02}
 
 
+@pytest.mark.recorded
 def test_default_main_job_trains_digits_on_two_processes(tmp_path):
     """The README's main job with its defaults prints what the README shows: the same metrics
     at the same step, each within DEMO_TOLERANCE of the README's (bench/demo.py re-records

@@ -138,6 +138,7 @@ def test_the_rewriter_changes_import_lines_only():
         assert rewrite_line(untouched) == untouched
 
 
+@pytest.mark.recorded
 @pytest.mark.parametrize("name,recorded,tolerance", NOTEBOOKS, ids=[n[0] for n in NOTEBOOKS])
 def test_notebook_runs_and_matches_its_recorded_training_mse(ported, name, recorded, tolerance):
     """Issue 29: before flat outputs, tutorial 01 ended at 0.45 (a (B, 1) - (B,) broadcast)

@@ -15,6 +15,12 @@ from dptrain.pytagi import HRCSoftmaxMetric, Utils
 from dptrain.pytagi.nn import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, LayerNorm, Linear,
                                LSTM, ReLU, ResNetBlock, Sequential)
 
+#: Every test here compares what this machine computes with the wheel's outputs recorded on
+#: another machine (tests/data/pytagi_helpers.npz): exactly where nothing is rounded (labels,
+#: indices, copied windows), else at a tolerance its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 WHEEL = np.load(Path(__file__).parents[1] / "data" / "pytagi_helpers.npz")
 
 

@@ -205,6 +205,7 @@ def _worst_relative(pairs) -> tuple[float, str]:
     return worst, where
 
 
+@pytest.mark.recorded
 def test_parity_with_pytagi_is_exact_up_to_the_wheels_evenexp_jacobian():
     """The 0.2.1 wheel uses J = v_Z m_T in EvenExp; with that one change we reproduce its two
     recorded steps (forward, every delta, parameters) to 5e-7 relative to each array's scale,
@@ -215,6 +216,7 @@ def test_parity_with_pytagi_is_exact_up_to_the_wheels_evenexp_jacobian():
     assert worst < 5e-7, f"wheel Jacobian: {where} differs by {worst:.2e} (relative)"
 
 
+@pytest.mark.recorded
 def test_shipped_jacobian_is_the_wheels_step_with_the_noise_innovations_divided_by_v_z():
     """The other half of the parity: the shipped EvenExp (J = m_T) differs from the wheel's
     (J = v_Z m_T, reproduced above) by exactly that J. The AGVI innovations of the noise slot

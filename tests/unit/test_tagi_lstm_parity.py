@@ -14,6 +14,11 @@ import torch
 from dptrain.tagi import LSTM, Linear, Sequential
 from tests.unit.pytagi_parity import LSTM_FIXTURES, load_case, replay
 
+#: Every test here compares what this machine computes with pytagi's steps recorded on another
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 F64 = torch.float64
 
 

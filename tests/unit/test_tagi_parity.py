@@ -10,6 +10,11 @@ import torch
 from dptrain.tagi import (AvgPool2d, Conv2d, Linear, MixtureReLU, ReLU, Sequential)
 from tests.unit.pytagi_parity import load_case, replay
 
+#: Every test here compares what this machine computes with pytagi's steps recorded on another
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 F64 = torch.float64
 
 

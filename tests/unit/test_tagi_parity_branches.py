@@ -32,6 +32,11 @@ from dptrain.tagi.pooling import _Pool2d
 from tests.unit.pytagi_parity import (RTOL, cap_report, layer_at, load_case, norm_statistics_hook,
                                       replay)
 
+#: Every test here compares what this machine computes with pytagi's steps recorded on another
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 F64 = torch.float64
 
 

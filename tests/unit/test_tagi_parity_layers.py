@@ -13,6 +13,11 @@ from dptrain.tagi import (AvgPool2d, ClosedFormSoftmax, Conv2d, ConvTranspose2d,
                           MixtureReLU, OutputUpdater, ReLU, Sequential, Softmax, Tanh)
 from tests.unit.pytagi_parity import FIXTURES, RTOL, Case, cap_report, load_case, replay
 
+#: Every test here compares what this machine computes with pytagi's steps recorded on another
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 LAYER_FIXTURES = FIXTURES.with_name("pytagi_fixtures_layers.npz")
 F64 = torch.float64
 DTYPES = pytest.mark.parametrize("dtype", [F64, torch.float32], ids=["float64", "float32"])

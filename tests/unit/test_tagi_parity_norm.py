@@ -17,6 +17,11 @@ from dptrain.tagi import (AvgPool2d, BatchNorm2d, Conv2d, LayerBlock, LayerNorm,
                           ResNetBlock, Sequential)
 from tests.unit.pytagi_parity import RTOL, load_case, norm_statistics_hook, replay
 
+#: Every test here compares what this machine computes with pytagi's steps recorded on another
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 F64 = torch.float64
 
 

@@ -13,6 +13,11 @@ from dptrain.tagi import SLSTM, Embedding, Linear, ReLU, Sequential, SLinear
 from tests.unit.pytagi_parity import (RTOL, SEQ_FIXTURES, Case, Result, load_case,
                                      load_initial_parameters, replay, standard_update)
 
+#: Every test here compares what this machine computes with pytagi's steps recorded on another
+#: machine (tests/data), at a tolerance (RTOL) that its kernels cannot break: docs/design.md,
+#: contract 12.
+pytestmark = pytest.mark.recorded
+
 F64 = torch.float64
 DTYPES = pytest.mark.parametrize("dtype", [F64, torch.float32], ids=["float64", "float32"])
 
