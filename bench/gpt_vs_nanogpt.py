@@ -3,8 +3,9 @@
     .venv/bin/python bench/gpt_vs_nanogpt.py            # 3 seeds x 2000 steps, ~25 min on 2 cores
     .venv/bin/python bench/gpt_vs_nanogpt.py --quick    # 60 steps, one seed, writes no JSON
 
-nanoGPT's folder comes from NANOGPT_DIR (else ../shared/nanogpt beside the repository) and is
-copied to a temporary folder, where its `data/shakespeare_char/prepare.py` writes train.bin,
+nanoGPT's folder (karpathy/nanoGPT, with the tiny Shakespeare text as
+data/shakespeare_char/input.txt) comes from NANOGPT_DIR, else a `shared/nanogpt` folder beside
+the repository, and is copied to a temporary folder, where its `data/shakespeare_char/prepare.py` writes train.bin,
 val.bin and meta.pkl from the tiny Shakespeare text (a stand-in `requests` module on its path:
 the text is already there, nothing is downloaded). dptrain trains on those very files
 (`--dataset tokens:DIR`), so both see the same 65 characters and the same 90/10 split.
