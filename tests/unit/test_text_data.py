@@ -345,13 +345,19 @@ def test_bad_token_files_fail_in_one_line_naming_the_file(tmp_path, monkeypatch)
         load_tokens(str(root), block_size=40)
 
 
-def test_a_memory_map_made_anew_reads_the_same_ids(tmp_path, monkeypatch):
-    ids = np.arange(5000, dtype="<u2")
-    ids.tofile(tmp_path / "ids.bin")
-    monkeypatch.setattr(TokenFile, "REMAP_EVERY", 3)
-    source = TokenFile(tmp_path / "ids.bin", np.dtype("<u2"), 0, 5000)
+def test_a_token_file_reads_windows_by_position_after_its_header(tmp_path):
+    ids = np.arange(70000, 75000, dtype="<u4")
+    (tmp_path / "ids.bin").write_bytes(b"h" * 12 + ids.tobytes())
+    source = TokenFile(tmp_path / "ids.bin", np.dtype("<u4"), 12, 5000)
     for start in range(0, 4900, 97):
-        assert source.read(start, start + 9).tolist() == list(range(start, start + 9))
+        got = source.read(start, start + 9)
+        assert got.dtype == np.int64 and got.tolist() == list(range(70000 + start, 70009 + start))
+    clone = pickle.loads(pickle.dumps(source))  # a spawned worker's copy opens its own
+    assert clone.read(10, 12).tolist() == [70010, 70011]
+    with open(tmp_path / "ids.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(DataError, match="ids.bin: ids 4000 to 4009 read 0 of 36 bytes"):
+        source.read(4000, 4009)
 
 
 # the registry and DataConfig -------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`tokens:DIR`: pre-tokenized ids in DIR/train.bin, DIR/val.bin and optionally DIR/test.bin,
-memory-mapped, never read whole.
+read a window at a time, never whole (`TokenFile`).
 
     split = load_tokens("data/shakespeare_char", block_size=64)
 
@@ -38,8 +38,8 @@ HEADER_BYTES = 256 * 4
 LLMC_FORMATS = {20240520: (np.dtype("<u2"), 50257), 20240801: (np.dtype("<u4"), 128256)}
 """llm.c's header magic -> (its ids' dtype, its tokenizer's vocabulary size)."""
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-CHECK_CHUNK = 1 << 22
-"""Ids read at once by the check (8 MiB of uint16)."""
+CHECK_CHUNK = 1 << 20
+"""Ids read at once by the check (2 MiB of uint16): a bounded transient whatever the file."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _vocab_size(value: Any, path: Path) -> int:
 
 
 def _open(path: Path, meta: _Meta) -> TokenFile:
-    """The ids of `path` as a (lazily mapped) TokenFile, its layout checked."""
+    """The ids of `path` as a TokenFile, its layout checked."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4") if size >= HEADER_BYTES \

@@ -14,12 +14,13 @@ always at the same place of its window; which windows a rank sees and in which o
 rank's share of them and a resumed run's rest of them are the same on any world size.
 Validation and test parts keep offset 0: fixed windows from the start of the part.
 
-Sources: `TokenArray` (ids held in memory: a text) and `TokenFile` (ids memory-mapped from a
-.bin file, never read whole).
+Sources: `TokenArray` (ids held in memory: a text) and `TokenFile` (ids read from a .bin
+file a window at a time, never read whole).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,36 +56,50 @@ class TokenArray:
 
 
 class TokenFile:
-    """Token ids memory-mapped from a file, `count` of `dtype` after `offset` header bytes.
+    """Token ids in a file, `count` of `dtype` after `offset` header bytes, read a window at a
+    time by position (`os.pread`): never read whole, and only the window is the process's.
 
-    Pages of a mapping that were read stay in the process's resident memory while it is
-    mapped, so the mapping is made anew every `REMAP_EVERY` reads: the pages resident stay
-    bounded by what a few thousand windows touch, whatever the file's size (nanoGPT remaps for
-    each batch, for the same reason).
+    Why not a memory map: the pages of a mapping that were read count as the process's
+    resident memory for as long as it is mapped, and the kernel maps them in blocks (64 KiB of
+    fault-around, or a whole 2 MiB folio of a freshly written file on a recent kernel), so a
+    mapping kept open grows towards the file's size, and one made anew for each window costs
+    ~50 us against a positioned read's ~4 us (measured for bench/tokens_memory.py). The page
+    cache still keeps the file's hot pages in memory, shared, as it would a mapping's.
     """
-
-    REMAP_EVERY = 2048
 
     def __init__(self, path: Path, dtype: np.dtype, offset: int, count: int) -> None:
         self.path, self.dtype, self.offset, self.count = Path(path), np.dtype(dtype), offset, count
-        self._map: np.memmap | None = None
-        self._reads = 0
+        self._fd: int | None = None
+        self._pid = -1
 
     def __len__(self) -> int:
         return self.count
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        if self._map is None or self._reads >= self.REMAP_EVERY:
-            self._map = None  # unmapped before mapping again: never two mappings at once
-            self._map = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset,
-                                  shape=(self.count,))
-            self._reads = 0
-        self._reads += 1
-        return np.array(self._map[start:stop], dtype=np.int64)  # a copy: no view keeps the map
+        """Ids [start, stop) as int64."""
+        if self._fd is None or self._pid != os.getpid():
+            # a forked loader worker shares the descriptor (pread keeps no file position),
+            # but opens its own so that closing one never closes the other's
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        size = self.dtype.itemsize
+        want = (stop - start) * size
+        data = os.pread(self._fd, want, self.offset + start * size)
+        if len(data) != want:
+            raise DataError(f"{self.path}: ids {start} to {stop} read {len(data)} of {want} "
+                            f"bytes: the file changed after it was checked")
+        return np.frombuffer(data, dtype=self.dtype).astype(np.int64)
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        # a spawned worker maps the file itself
-        return {**self.__dict__, "_map": None, "_reads": 0}
+        # a spawned worker opens the file itself
+        return {**self.__dict__, "_fd": None, "_pid": -1}
 
 
 class TokenWindows(torch.utils.data.Dataset):
