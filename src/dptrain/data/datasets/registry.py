@@ -17,10 +17,8 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     csv:PATH               regression table                        load_csv(PATH, target=...)
     npz:PATH               regression arrays                       load_npz(PATH, ...)
     imagefolder:DIR        DIR/train/<class>/*.jpg, DIR/val/...    load_image_folder(DIR, ...)
-    text:PATH              UTF-8 text (or a folder of *.txt) as    load_text(PATH, ...)
-                           windows of character or byte ids
-    tokens:DIR             DIR/train.bin, val.bin (test.bin) of    load_tokens(DIR, ...)
-                           token ids (nanoGPT's, llm.c's)
+    text:PATH              UTF-8 text or *.txt folder, char ids    load_text(PATH, ...)
+    tokens:DIR             train.bin, val.bin of nanoGPT, llm.c   load_tokens(DIR, ...)
     PATH.csv | PATH.npz    the same, recognised by the suffix
     PATH.py:FUNCTION       your own: FUNCTION() returns a Split    load_user_dataset(spec)
 """
