@@ -380,6 +380,7 @@ def test_text_and_tokens_are_known_to_the_registry_and_the_config(tmp_path):
     (dict(dataset="digits", tokenizer="byte"), "tokenizer: for token data"),
     (dict(dataset="tokens:{root}", val_size="0.2"), "has a validation part of its own"),
     (dict(dataset="tokens:{root}", tokenizer="byte"), "tokenized already"),
+    (dict(dataset="tokens:{root}", test_size="0.1"), "its test.bin"),
     (dict(dataset="text:{root}/input.txt", lookback=4), "lookback: for time series"),
 ])
 def test_options_for_other_data_are_refused(tmp_path, config, match):

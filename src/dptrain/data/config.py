@@ -141,8 +141,8 @@ class DataConfig:
                 options["val_size"] = self.val_size
             return {k: v for k, v in options.items()
                     if not (k in ("val_size", "test_size") and v == "auto")}
-        if self.dataset.partition(":")[0] == "text":
-            options.pop("test_size")  # a text's test part: token_options
+        if self.dataset.partition(":")[0] in TOKEN_DATASETS:
+            options.pop("test_size")  # token data's test part: token_options
         return {k: v for k, v in options.items() if v != getattr(defaults, k)}
 
     def token_options(self, *, seed: int) -> dict[str, Any]:
@@ -159,6 +159,9 @@ class DataConfig:
                 raise ConfigError(f"--val-size {self.val_size}: {self.dataset} has a "
                                   f"validation part of its own (val.bin); --val-size is for "
                                   f"data without one")
+            if self.test_size != "auto":
+                raise ConfigError(f"--test-size {self.test_size}: {self.dataset}'s test part "
+                                  f"is its test.bin; --test-size is for text: data")
             if self.tokenizer != "char":
                 raise ConfigError(f"--tokenizer {self.tokenizer}: {self.dataset} is "
                                   f"tokenized already; --tokenizer is for text: data")
