@@ -1,7 +1,7 @@
 """Resident memory of a process training on tokens:DIR, for a file of 1 M and of 100 M tokens:
 it must not grow with the file.
 
-    .venv/bin/python bench/tokens_memory.py            # ~1 min on 2 cores, writes the JSON
+    .venv/bin/python bench/tokens_memory.py            # ~1.5 min on 2 cores, writes the JSON
     .venv/bin/python bench/tokens_memory.py --quick    # 1 M and 10 M tokens, writes nothing
 
 Two token folders are generated in a temporary directory (deleted afterwards): train.bin of
@@ -14,10 +14,10 @@ Trainer's `ShardedSampler` and `BatchLoader` (a seeded permutation of the whole 
 windows are spread over all of it). Recorded: VmRSS after the imports, after the load and at
 the end, and the peak (VmHWM). Beside dptrain's reads (`TokenFile`: a window at a time by
 position, `os.pread`), a control reads the same windows from one `np.memmap` of the file kept
-for the whole run: the pages it has read stay the process's resident memory. What does grow with
-the file is the sampler's permutation of the window starts (8 bytes per window, 8 / block
-size bytes per token, and a copy while an epoch's order is made): printed beside the growth. Sizes alternate over --repeats;
-medians.
+for the whole run: the pages it has read stay the process's resident memory. What does grow
+with the file is per window: the sampler's permutation of the window starts (8 bytes per
+window, printed beside the growth) and the loader's list of an epoch's batches (one index view
+per batch). Sizes and modes alternate over --repeats; medians.
 """
 
 from __future__ import annotations
