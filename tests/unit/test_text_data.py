@@ -17,6 +17,7 @@ from dptrain.data.datasets import token_files
 from dptrain.data.datasets.text import load_text, part_sizes
 from dptrain.data.datasets.token_files import load_tokens
 from dptrain.data.datasets.token_windows import TokenFile, TokenWindows, epoch_offset
+from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.data.loader import BatchLoader
 from dptrain.errors import ConfigError, DataError
 
@@ -258,6 +259,11 @@ def test_tokens_in_nanogpts_layout(tmp_path):
     assert split.vocabulary.decode(split.validation[0][0]) == TEXT[made["cut"]:made["cut"] + 8]
     assert isinstance(split.train.source, TokenFile)
     assert split.fingerprint == load_tokens(str(root), block_size=4).fingerprint
+    assert load_tokens(str(root), vocabulary=split.vocabulary, block_size=4).num_classes == \
+        split.num_classes
+    with pytest.raises(DataError, match=r"ids of a vocabulary of 27, but the run's vocabulary "
+                                        r"is ids of 50257"):
+        load_tokens(str(root), vocabulary=Vocabulary(kind="ids", size=50257))
 
 
 def test_tokens_with_llmc_headers_and_a_test_bin(tmp_path):
@@ -396,3 +402,23 @@ def test_bad_tokenizer_and_block_size_are_config_errors():
         DataConfig(tokenizer="word")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="block_size|block-size"):
         DataConfig(block_size=0)
+
+
+def test_a_given_vocabulary_is_kept_and_a_new_character_refused(tmp_path):
+    source = load_text(str(_text(tmp_path, TEXT * 2)), block_size=8).vocabulary
+    other = tmp_path / "other"
+    other.mkdir()
+    kept = load_split(DataConfig(dataset=f"text:{_text(other, TEXT[::-1] * 2)}", block_size=8),
+                      seed=0, vocabulary=source)
+    assert kept.vocabulary == source and kept.unknown_tokens == {"validation": 0}
+    path = _text(other, TEXT + "héllo\n" + TEXT)  # é and two l's that TEXT has not
+    at, line = len(TEXT) + 1, TEXT.count("\n") + 1
+    with pytest.raises(DataError, match=rf"text:input.txt: the character 'é' at position {at} "
+                                        rf"\(line {line}\) is not in the vocabulary of the run "
+                                        rf"\(27 characters\); 3 such character"):
+        load_split(DataConfig(dataset=f"text:{path}", block_size=8), seed=0, vocabulary=source)
+    with pytest.raises(ConfigError, match="of kind char; use --tokenizer char"):
+        load_split(DataConfig(dataset=f"text:{path}", tokenizer="byte"), seed=0,
+                   vocabulary=source)
+    with pytest.raises(ConfigError, match="a vocabulary is for token data"):
+        load_split(DataConfig(dataset="digits"), seed=0, vocabulary=source)

@@ -176,8 +176,10 @@ NO_VALIDATION = "none"
 metric monitored, as such a run was (train/options.py, BEFORE_OPTION)."""
 
 
-def load_split(config: DataConfig, *, seed: int) -> Split:
-    """The dataset, its training images augmented as `config` asks (draws seeded by `seed`)."""
+def load_split(config: DataConfig, *, seed: int, vocabulary: Any = None) -> Split:
+    """The dataset, its training images augmented as `config` asks (draws seeded by `seed`).
+    `vocabulary` (token data only): the `Vocabulary` of the run being fine-tuned, which the
+    text must keep to."""
     options = config.loader_options()
     kind = config.dataset.partition(":")[0]
     if options and kind != "imagefolder":
@@ -188,6 +190,11 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
         raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
                           f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
     tokens = config.token_options(seed=seed)
+    if vocabulary is not None:
+        if kind not in TOKEN_DATASETS:
+            raise ConfigError(f"{config.dataset}: a vocabulary is for token data (text:PATH, "
+                              f"tokens:DIR)")
+        tokens["vocabulary"] = vocabulary
     if tokens and kind not in TOKEN_DATASETS:
         raise ConfigError(f"{', '.join(flag(k) for k in tokens)}: for token data "
                           f"(text:PATH, tokens:DIR); {config.dataset} is not one")

@@ -99,21 +99,27 @@ def part_sizes(num_tokens: int, *, val_size: str | int | float | None,
 
 def load_text(path: str, *, tokenizer: str = "char", val_size: str | None = None,
               test_size: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-              seed: int = 0) -> Split:
+              seed: int = 0, vocabulary: Vocabulary | None = None) -> Split:
     """The text at `path` as windows of `block_size` ids (module docstring). `seed` draws
-    each training epoch's window offset.
+    each training epoch's window offset. `vocabulary`: another run's, which the text must keep
+    to (fine-tuning that run: its ids are the model's), instead of the training part's.
 
     Raises:
-        ConfigError: an unknown tokenizer or a bad size. DataError: a bad text (`read_text`)
-            or a part shorter than block_size + 1 tokens.
+        ConfigError: an unknown tokenizer, a bad size, or a `vocabulary` of another kind.
+            DataError: a bad text (`read_text`), a part shorter than block_size + 1 tokens, or
+            a character outside the given `vocabulary` (named, with its position).
     """
     if tokenizer not in TOKENIZERS:
         raise ConfigError(f"--tokenizer: expected one of {', '.join(TOKENIZERS)}, got "
                           f"{tokenizer!r}")
     if not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"--block-size: expected an integer >= 1, got {block_size!r}")
+    if vocabulary is not None and vocabulary.kind != tokenizer:
+        raise ConfigError(f"--tokenizer {tokenizer}: the run's vocabulary is of kind "
+                          f"{vocabulary.kind}; use --tokenizer {vocabulary.kind}")
     text, raw = read_text(path)
     name = f"text:{Path(path).name}"
+    given = vocabulary is not None
     if tokenizer == "byte":
         ids, vocabulary = np.frombuffer(raw, dtype=np.uint8), Vocabulary.bytes()
         train_end, val_end = part_sizes(len(ids), val_size=val_size, test_size=test_size,
@@ -123,8 +129,15 @@ def load_text(path: str, *, tokenizer: str = "char", val_size: str | None = None
         points = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
         train_end, val_end = part_sizes(len(points), val_size=val_size, test_size=test_size,
                                         where=name)
-        vocabulary = Vocabulary.from_text(text[:train_end])
+        if vocabulary is None:
+            vocabulary = Vocabulary.from_text(text[:train_end])
         ids, unknown = _char_ids(points, vocabulary)
+        if given and unknown.any():
+            at = int(np.argmax(unknown))
+            raise DataError(f"{name}: the character {text[at]!r} at position {at} (line "
+                            f"{text.count(chr(10), 0, at) + 1}) is not in the vocabulary of "
+                            f"the run ({len(vocabulary.tokens or ())} characters); "
+                            f"{int(unknown.sum())} such character(s) in the text")
     has_test = val_end < len(ids)
     counts = {"validation": int(unknown[train_end:val_end].sum())}
     if has_test:

@@ -51,9 +51,10 @@ class _Meta:
 
 
 def load_tokens(directory: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                seed: int = 0) -> Split:
+                seed: int = 0, vocabulary: Vocabulary | None = None) -> Split:
     """DIR's train.bin / val.bin / test.bin as windows of `block_size` ids (module
-    docstring); `seed` draws each training epoch's window offset.
+    docstring); `seed` draws each training epoch's window offset. `vocabulary`: another run's
+    (fine-tuning it), whose size the ids must have.
 
     Raises:
         DataError: a missing part or meta file, a size that is not whole ids, a header that
@@ -73,6 +74,9 @@ def load_tokens(directory: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
         del paths["test"]
     files = {part: _open(path, meta) for part, path in paths.items()}
     vocab_size = meta.vocab_size or _llmc_vocab_size(files["train"], meta)
+    if vocabulary is not None and (vocabulary.kind != "ids" or vocabulary.size != vocab_size):
+        raise DataError(f"{root}: ids of a vocabulary of {vocab_size}, but the run's "
+                        f"vocabulary is {vocabulary.kind} of {vocabulary.size}")
     digest = hashlib.sha256()
     for part, file in files.items():
         digest.update(f"{part}:{file.count}:".encode())
