@@ -422,3 +422,16 @@ def test_a_given_vocabulary_is_kept_and_a_new_character_refused(tmp_path):
                    vocabulary=source)
     with pytest.raises(ConfigError, match="a vocabulary is for token data"):
         load_split(DataConfig(dataset="digits"), seed=0, vocabulary=source)
+
+
+def test_llmc_uint32_files_and_a_meta_json_that_contradicts_their_header(tmp_path):
+    ids = np.arange(100_000, 100_300)
+    _llmc_file(tmp_path / "train.bin", ids[:200], magic=20240801)
+    _llmc_file(tmp_path / "val.bin", ids[200:], magic=20240801)
+    split = load_tokens(str(tmp_path), block_size=8)
+    assert split.num_classes == 128256  # Llama 3's tokenizer
+    assert split.validation[0][0].tolist() == ids[200:208].tolist()
+    (tmp_path / "meta.json").write_text('{"vocab_size": 200000, "dtype": "uint16"}')
+    with pytest.raises(DataError, match="train.bin: its llm.c header says uint32 ids, but "
+                                        ".*meta.json says uint16"):
+        load_tokens(str(tmp_path), block_size=8)

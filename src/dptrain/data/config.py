@@ -101,8 +101,8 @@ class DataConfig:
     values at every input step and over the horizon, never predicted."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
-    (0: decode in the training process; -1: 0 for data held in memory, else a share of the
-    process's cores). Never changes a result."""
+    (0: decode in the training process; -1: 0 for data held in memory and for token windows,
+    else a share of the process's cores). Never changes a result."""
 
     def __post_init__(self) -> None:
         if self.augment not in ("auto", "on", "off"):
