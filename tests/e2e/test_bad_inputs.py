@@ -107,6 +107,22 @@ def _first(root: Path, part: str, label: int) -> Path:
     return sorted((root / part / f"digit{label}").glob("*.png"))[0]
 
 
+def _text(tmp: Path, content: bytes) -> str:
+    (tmp / "input.txt").write_bytes(content)
+    return f"text:{tmp / 'input.txt'}"
+
+
+def _tokens(tmp: Path, train: bytes, val: bytes) -> str:
+    (tmp / "tokens").mkdir()
+    (tmp / "tokens" / "train.bin").write_bytes(train)
+    (tmp / "tokens" / "val.bin").write_bytes(val)
+    (tmp / "tokens" / "meta.json").write_text('{"vocab_size": 10, "dtype": "uint16"}')
+    return f"tokens:{tmp / 'tokens'}"
+
+
+_IDS = (np.arange(200) % 10).astype("<u2")
+
+
 def _csv(tmp: Path, text: str) -> str:
     (tmp / "table.csv").write_text(text)
     return f"csv:{tmp / 'table.csv'}"
@@ -209,6 +225,21 @@ CASES = {
     "series-horizon-zero": Case(lambda t, o: ["--dataset", "sine", "--horizon", "0"], 2,
                                 "horizon: expected an integer >= 1, got 0"),
     "csv-empty": Case(lambda t, o: ["--dataset", _csv(t, "")], 3, "table.csv: empty CSV file"),
+    "text-whitespace": Case(lambda t, o: ["--dataset", _text(t, b" \n\t\n")], 3,
+                            "input.txt: the text is only whitespace"),
+    "text-not-utf8": Case(lambda t, o: ["--dataset", _text(t, b"to be or n\xf6t to be\n" * 9)],
+                          3, "input.txt: not UTF-8 text: byte 10 (0xf6) invalid start byte"),
+    "text-block-longer-than-validation": Case(lambda t, o: [
+        "--dataset", _text(t, b"to be or not to be\n" * 20), "--block-size", "64"], 3,
+        "input.txt: the validation part: --block-size 64 needs at least 65 tokens (a window "
+        "and its last target), but the part has 38"),
+    "tokens-size-not-whole-ids": Case(lambda t, o: [
+        "--dataset", _tokens(t, _IDS.tobytes() + b"\0", _IDS.tobytes())], 3,
+        "train.bin: 401 bytes is not a whole number of uint16 ids (2 bytes each)"),
+    "tokens-id-past-vocabulary": Case(lambda t, o: [
+        "--dataset", _tokens(t, _IDS.tobytes(), np.where(np.arange(200) == 123, 10, _IDS)
+                             .astype("<u2").tobytes())], 3,
+        "val.bin: id 10 at position 123 is not below the vocabulary size 10"),
     "npz-wrong-shape": Case(lambda t, o: ["--dataset", _npz(
         t, x=np.zeros((10, 2, 2)), y=np.zeros(10))], 3, "table.npz: x must be (N, F)"),
     "npz-not-a-zip": Case(lambda t, o: ["--dataset", str(_write(t / "t.npz", b"hello"))], 3,

@@ -14,7 +14,9 @@ from typing import Any, Literal
 from dptrain.data.datasets import ArrayDataset, Split, load_dataset
 from dptrain.data.datasets.covariates import parse_feature_list, time_features, with_covariates
 from dptrain.data.datasets.holdout import hold_out
-from dptrain.data.datasets.registry import SERIES_DATASETS
+from dptrain.data.datasets.registry import SERIES_DATASETS, TOKEN_DATASETS
+from dptrain.data.datasets.text import TOKENIZERS
+from dptrain.data.datasets.token_windows import TokenWindows
 from dptrain.data.datasets.sizes import DEFAULT_VAL_FRACTION, parse_size
 from dptrain.data.datasets.image_folder import ImageFolderDataset
 from dptrain.data.datasets.images import ImageDataset
@@ -30,7 +32,10 @@ class DataConfig:
     """digits, digits-image, diabetes, toy1d, toy1d-hetero, blobs (3 overlapping classes),
     mnist:DIR, fashion-mnist:DIR,
     cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
-    npz:PATH, time series: sine, seasonal, hourly, series:PATH.csv (docs/forecasting.md), or
+    npz:PATH, time series: sine, seasonal, hourly, series:PATH.csv (docs/forecasting.md),
+    token windows for language models: text:PATH (a UTF-8 file, or a folder of *.txt read in
+    name order; --tokenizer, --block-size), tokens:DIR (DIR/train.bin, val.bin and optionally
+    test.bin of token ids as nanoGPT and llm.c write them, with meta.pkl or meta.json), or
     PATH.py:FUNCTION: FUNCTION() returns a dptrain.data.Split of your own datasets (see
     dptrain.data.load_dataset)."""
     augment: Literal["auto", "on", "off"] = field(default="auto", metadata=cli(
@@ -56,17 +61,27 @@ class DataConfig:
     horizon: int = 1
     """Time series: values after the window the model predicts at once (its targets); a
     longer forecast feeds its predictions back as inputs."""
+    block_size: int = 64
+    """text: and tokens: data: tokens in one window, the model's context length; a window's
+    targets are its tokens shifted by one. Training windows start at an offset drawn from
+    --seed and the epoch, validation and test windows at the start of their part."""
+    tokenizer: Literal["char", "byte"] = field(default="char", metadata=cli(choices=True))
+    """text: data: char (one id per distinct character of the training part, plus one id for
+    a character it never had, counted in summary.json) or byte (the 256 byte values of the
+    UTF-8 text; no vocabulary to build)."""
     val_size: str = "auto"
     """The validation part, which chooses the best epoch (--monitor, best/) while the test part
     only reports: a count (an integer >= 1) or a fraction (0.1) of the training samples, held
     out of them by a draw of --seed; a time series' validation time steps, before its test
-    part. auto: the dataset's own validation part (a series' middle 10 %, an image folder's
+    part; a text's tokens after its training part (auto: its last 0.1, nanoGPT's 90/10).
+    auto: the dataset's own validation part (a series' middle 10 %, an image folder's
     val/ beside its test/, your Split's validation), else 0.1 of the training part. (none:
     no validation part and the test metric monitored, which only a run started before
     validation parts existed resumes with; dptrain sets it itself.)"""
     test_size: str = "auto"
     """Time series: the test part, its last time steps, as a count or a fraction of the
-    series (auto: 0.2)."""
+    series (auto: 0.2). text: data: its last tokens, after the validation part (auto: none;
+    the test metrics are then the validation part's)."""
     season: int = 0
     """Time series: the seasonal period m, in time steps, of the seasonal naive baseline and
     the seasonal MASE (0: from the time spacing: a day and a week for hourly values, the best
@@ -86,8 +101,8 @@ class DataConfig:
     values at every input step and over the horizon, never predicted."""
     workers: int = field(default=-1, metadata=resumable())
     """DataLoader worker processes per process that decode batches ahead of the training step
-    (0: decode in the training process; -1: 0 for data held in memory, else a share of the
-    process's cores). Never changes a result."""
+    (0: decode in the training process; -1: 0 for data held in memory and for token windows,
+    else a share of the process's cores). Never changes a result."""
 
     def __post_init__(self) -> None:
         if self.augment not in ("auto", "on", "off"):
@@ -96,7 +111,9 @@ class DataConfig:
             raise bad_value(self, "image_size", "an integer >= 0 (0: 224)")
         if self.bad_images not in ("error", "skip"):
             raise bad_value(self, "bad_images", "error or skip")
-        check_at_least(self, ("lookback", "horizon"), 1)
+        check_at_least(self, ("lookback", "horizon", "block_size"), 1)
+        if self.tokenizer not in TOKENIZERS:
+            raise bad_value(self, "tokenizer", " or ".join(TOKENIZERS))
         if self.val_size != NO_VALIDATION:
             parse_size(self.val_size, option="val-size")
         parse_size(self.test_size, option="test-size")
@@ -124,7 +141,34 @@ class DataConfig:
                 options["val_size"] = self.val_size
             return {k: v for k, v in options.items()
                     if not (k in ("val_size", "test_size") and v == "auto")}
+        if self.dataset.partition(":")[0] in TOKEN_DATASETS:
+            options.pop("test_size")  # token data's test part: token_options
         return {k: v for k, v in options.items() if v != getattr(defaults, k)}
+
+    def token_options(self, *, seed: int) -> dict[str, Any]:
+        """The options of a text: or tokens: dataset's reader (every one for those), or for
+        other data those changed (which are refused)."""
+        kind = self.dataset.partition(":")[0]
+        if kind == "text":
+            sizes = {k: getattr(self, k) for k in ("val_size", "test_size")
+                     if getattr(self, k) not in ("auto", NO_VALIDATION)}
+            return {"block_size": self.block_size, "tokenizer": self.tokenizer, **sizes,
+                    "seed": seed}
+        if kind == "tokens":
+            if self.val_size not in ("auto", NO_VALIDATION):
+                raise ConfigError(f"--val-size {self.val_size}: {self.dataset} has a "
+                                  f"validation part of its own (val.bin); --val-size is for "
+                                  f"data without one")
+            if self.test_size != "auto":
+                raise ConfigError(f"--test-size {self.test_size}: {self.dataset}'s test part "
+                                  f"is its test.bin; --test-size is for text: data")
+            if self.tokenizer != "char":
+                raise ConfigError(f"--tokenizer {self.tokenizer}: {self.dataset} is "
+                                  f"tokenized already; --tokenizer is for text: data")
+            return {"block_size": self.block_size, "seed": seed}
+        defaults = DataConfig()
+        return {k: getattr(self, k) for k in ("block_size", "tokenizer")
+                if getattr(self, k) != getattr(defaults, k)}
 
 
 NO_VALIDATION = "none"
@@ -132,8 +176,10 @@ NO_VALIDATION = "none"
 metric monitored, as such a run was (train/options.py, BEFORE_OPTION)."""
 
 
-def load_split(config: DataConfig, *, seed: int) -> Split:
-    """The dataset, its training images augmented as `config` asks (draws seeded by `seed`)."""
+def load_split(config: DataConfig, *, seed: int, vocabulary: Any = None) -> Split:
+    """The dataset, its training images augmented as `config` asks (draws seeded by `seed`).
+    `vocabulary` (token data only): the `Vocabulary` of the run being fine-tuned, which the
+    text must keep to."""
     options = config.loader_options()
     kind = config.dataset.partition(":")[0]
     if options and kind != "imagefolder":
@@ -143,6 +189,15 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
     if series and kind not in SERIES_DATASETS:
         raise ConfigError(f"{', '.join(flag(k) for k in series)}: for time series "
                           f"({', '.join(SERIES_DATASETS)}); {config.dataset} is not one")
+    tokens = config.token_options(seed=seed)
+    if vocabulary is not None:
+        if kind not in TOKEN_DATASETS:
+            raise ConfigError(f"{config.dataset}: a vocabulary is for token data (text:PATH, "
+                              f"tokens:DIR)")
+        tokens["vocabulary"] = vocabulary
+    if tokens and kind not in TOKEN_DATASETS:
+        raise ConfigError(f"{', '.join(flag(k) for k in tokens)}: for token data "
+                          f"(text:PATH, tokens:DIR); {config.dataset} is not one")
     protocol = {k: series.pop(k) for k in ("season", "forecast_every") if k in series}
     calendar = series.pop("time_features", "")
     if not series.get("covariates"):
@@ -150,8 +205,8 @@ def load_split(config: DataConfig, *, seed: int) -> Split:
     elif kind != "series":
         raise ConfigError(f"--covariates: columns of a series:PATH.csv file; {config.dataset} "
                           f"has none")
-    split = with_validation(load_dataset(config.dataset, **options, **series), config,
-                            seed=seed)
+    split = with_validation(load_dataset(config.dataset, **options, **series, **tokens),
+                            config, seed=seed)
     if split.series is not None:
         names = parse_feature_list(calendar, split.series.times, split.name) if calendar \
             else []
@@ -171,8 +226,8 @@ def with_validation(split: Split, config: DataConfig, *, seed: int) -> Split:
     `seed`; none at all for a run from before validation parts (`NO_VALIDATION`)."""
     if config.val_size == NO_VALIDATION:
         return replace(split, validation=None)
-    if config.dataset.partition(":")[0] in SERIES_DATASETS:
-        return split
+    if config.dataset.partition(":")[0] in (*SERIES_DATASETS, *TOKEN_DATASETS):
+        return split  # sized by its reader
     if split.validation is not None:
         if config.val_size != "auto":
             raise ConfigError(f"--val-size {config.val_size}: {config.dataset} has a "
@@ -209,6 +264,6 @@ def resolve_workers(config: DataConfig, split: Split, cores: int) -> int:
     for data decoded from files."""
     if config.workers >= 0:
         return config.workers
-    if isinstance(split.train, ArrayDataset):
-        return 0
+    if isinstance(split.train, (ArrayDataset, TokenWindows)):
+        return 0  # a batch is one gather, or a few slices of a mapped file
     return max(1, min(4, cores // 2))

@@ -172,6 +172,9 @@ class BatchLoader:
         return self.sampler.num_batches(self.local_batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._loader is None and self.mixing is None:
+            yield from self._made_here()
+            return
         start = self.sampler.position
         index_batches, ends = [], []  # ends: the sampler's position after each batch
         for indices in self.sampler.batches(self.local_batch_size):
@@ -193,6 +196,21 @@ class BatchLoader:
             # the batch's slots, which past the data (uneven_last_batch) hold no index
             self.sampler.set_position(end)
             yield batch
+
+    def _made_here(self) -> Iterator[Batch]:
+        """The batches made in this process, each when it is asked for: no list of the
+        epoch's batches is held (an epoch of a large token file has millions of windows)."""
+        sampler, epoch = self.sampler, self.sampler.epoch
+        begin = sampler.position
+        for indices in sampler.batches(self.local_batch_size):
+            end = sampler.position  # batches() moved it past this batch: not consumed yet
+            sampler.set_position(begin)
+            batch = make_batch(self.dataset, epoch, indices, None, mixing=None)
+            self.skipped.update(batch.skipped)
+            sampler.set_position(end)
+            yield batch
+            begin = end
+        sampler.set_position(sampler.position)  # at the end, as the listed pass leaves it
 
     def _plans(self, start: int, ends: list[int]) -> list[MixPlan | None]:
         """Each batch's mixing draws (None without mixing), from its samples' global

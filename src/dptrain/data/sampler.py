@@ -230,9 +230,11 @@ class ShardedSampler(Sampler[int]):
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        if self.mode == "train" and not self.uneven_last_batch:
+        if self.mode == "train" and not self.uneven_last_batch and world * len(self) != n:
             total = world * len(self)
-            # repeat() covers padding longer than the data itself (fewer samples than ranks)
+            # repeat() covers padding longer than the data itself (fewer samples than ranks);
+            # skipped when nothing is padded, so an epoch of many samples (token windows) holds
+            # one permutation, not two
             order = order.repeat(math.ceil(total / n))[:total]
         return order
 

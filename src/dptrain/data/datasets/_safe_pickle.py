@@ -59,3 +59,18 @@ def safe_loads(data: bytes) -> Any:
     """`pickle.loads` that refuses globals other than numpy arrays'; Python 2 strings load as
     bytes, as in CIFAR-10's files."""
     return RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+
+
+class _BuiltinsOnlyUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, tuples, sets, str/bytes, numbers, booleans and None, which a pickle
+    holds without naming any callable; every global is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load global {module}.{name}: only plain "
+                                     "dicts, lists, strings and numbers are allowed")
+
+
+def safe_loads_plain(data: bytes) -> Any:
+    """`pickle.loads` of plain Python data (nanoGPT's meta.pkl: a dict of its vocabulary),
+    refusing every global, so the file cannot run code."""
+    return _BuiltinsOnlyUnpickler(io.BytesIO(data)).load()

@@ -17,6 +17,8 @@ Spellings (NAME or NAME:PATH; options are keyword arguments of the loader):
     csv:PATH               regression table                        load_csv(PATH, target=...)
     npz:PATH               regression arrays                       load_npz(PATH, ...)
     imagefolder:DIR        DIR/train/<class>/*.jpg, DIR/val/...    load_image_folder(DIR, ...)
+    text:PATH              UTF-8 text or *.txt folder, char ids    load_text(PATH, ...)
+    tokens:DIR             train.bin, val.bin of nanoGPT, llm.c   load_tokens(DIR, ...)
     PATH.csv | PATH.npz    the same, recognised by the suffix
     PATH.py:FUNCTION       your own: FUNCTION() returns a Split    load_user_dataset(spec)
 """
@@ -38,6 +40,8 @@ from dptrain.data.datasets.series import load_series
 from dptrain.data.datasets.sklearn_sets import load_diabetes, load_digits
 from dptrain.data.datasets.synthetic_series import load_hourly, load_seasonal, load_sine
 from dptrain.data.datasets.table import load_csv, load_npz
+from dptrain.data.datasets.text import load_text
+from dptrain.data.datasets.token_files import load_tokens
 from dptrain.data.datasets.toy1d import load_toy1d, load_toy1d_hetero
 from dptrain.data.datasets.user_data import load_user_dataset
 from dptrain.errors import ConfigError
@@ -63,10 +67,14 @@ PATH_DATASETS: dict[str, Callable[..., Split]] = {
     "npz": load_npz,
     "series": load_series,
     "imagefolder": load_image_folder,
+    "text": load_text,
+    "tokens": load_tokens,
 }
 _SUFFIXES = {".csv": "csv", ".npz": "npz"}
 SERIES_DATASETS = ("sine", "seasonal", "hourly", "series")
 """The names whose datasets are windows of time series (they take lookback and horizon)."""
+TOKEN_DATASETS = ("text", "tokens")
+"""The names whose datasets are windows of token ids (they take block_size and seed)."""
 
 
 def accepted_names() -> list[str]:
