@@ -37,6 +37,15 @@ def test_every_builtin_model_is_sized_from_the_data(name, shape):
         with pytest.raises(ConfigError, match=rf"model {name} takes windows of a time series"):
             check_input(name, shape)
         return
+    if spec.takes_tokens:  # a language model: (block-size,) ids in, logits at every position
+        if len(shape) != 1:
+            with pytest.raises(ConfigError, match=rf"model {name} takes windows of token ids"):
+                check_input(name, shape)
+            return
+        model = build_model(name, shape, 10, ModelOptions(width=8, layers=1, heads=2))
+        out = _forward(model, spec.kind, torch.randint(0, 10, (3, *shape)))
+        assert tuple(out.shape) == (3, *shape, 10)
+        return
     outputs = 11 if spec.kind == "tagi" else 10
     model = build_model(name, shape, outputs, ModelOptions(width=4, hidden=16))
     out = _forward(model, spec.kind, torch.randn(3, *shape))

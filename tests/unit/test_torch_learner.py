@@ -395,7 +395,10 @@ def test_compile_refused_trains_eagerly_after_one_line(runtime, tmp_path, monkey
             want, got = (learner.train_step(_labels(16, seed=step)) for learner in learners)
             for key in want:
                 assert got[key][0] == pytest.approx(want[key][0], rel=1e-6), key
-    lines = [r.getMessage() for r in caplog.records]
+    # dptrain's own lines: inductor itself may log the codegen error too, or not, depending on
+    # what an earlier compile in this process left in its caches (seen when this file runs
+    # alone: torch._inductor.scheduler's "Error in codegen ...").
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("dptrain")]
     assert len(lines) == 1 and "training eagerly" in lines[0] and "\n" not in lines[0]
     assert learners[1]._train_forward is learners[1]._wrapped
     assert _max_diff(learners[0].model_state_dict(), learners[1].model_state_dict()) == 0.0

@@ -101,7 +101,7 @@ def test_compile_is_auto_on_or_off_and_takes_the_old_boolean(tmp_path):
     (["--resume", "never", "--max-restarts", "1"], None, "which --resume never forbids"),
     (["--dropout", "1"], None, "dropout: expected a probability in [0, 1), got 1.0"),
     ([], "compile = 'sometimes'\n", "compile: expected on, off or auto, got 'sometimes'"),
-    (["--dropout", "0.1"], None, "dropout is for the torch-mlp model, not tagi-mlp"),
+    (["--dropout", "0.1"], None, "dropout is for the torch-mlp and torch-gpt models, not tagi-mlp"),
     (["--fail-at", "x"], None, "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative "
                                "integers, comma-separated, got 'x'"),
 ])

@@ -25,7 +25,8 @@ from dptrain.learners.schedule import LrSchedule
 from dptrain.runtime import init_distributed
 from dptrain.train import TrainConfig, Trainer
 from dptrain.train import checkpoint as ckpt
-from dptrain.train.flops import cuda_peak, mfu, model_flops_per_token
+from dptrain.learners.torch_learner import TorchLearner
+from dptrain.train.flops import cuda_peak, mfu
 from dptrain.train.options import TrainOptions
 from dptrain.train.steps import language_metrics, samples_seen, validation_indices
 from dptrain.train.trainer import metric_names
@@ -104,9 +105,12 @@ def test_mfu_is_model_flops_times_tokens_over_the_devices_peak():
     unknown = cuda_peak("Some Future GPU", torch.bfloat16)
     assert unknown.rate is None and "--peak-flops" in unknown.source
     module = torch.nn.Linear(2, 2)
-    assert model_flops_per_token(module) is None
+    learner = TorchLearner(module, torch.nn.CrossEntropyLoss(), torch.optim.SGD)
+    assert learner.flops_per_token() is None
     module.flops_per_token = lambda: 12.0
-    assert model_flops_per_token(module) == 12.0
+    assert learner.flops_per_token() == (12.0, torch.float32)
+    bf16 = TorchLearner(module, torch.nn.CrossEntropyLoss(), torch.optim.SGD, precision="bf16")
+    assert bf16.flops_per_token() == (12.0, torch.bfloat16)
 
 
 def test_the_schedule_in_steps_decays_to_min_lr_at_lr_decay_steps_and_stays():

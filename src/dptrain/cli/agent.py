@@ -144,6 +144,9 @@ def replace_unreadable_error_file(path: str, exitcode: int) -> str | None:
     tmp = f"{path}.dptrain-tmp"
     with open(tmp, "w") as fp:
         json.dump(record, fp)
+    # The record keeps the failed write's time; so does the file (a second may have ticked).
+    failed_at = os.stat(path)
+    os.utime(tmp, ns=(failed_at.st_atime_ns, failed_at.st_mtime_ns))
     os.replace(tmp, path)
     return reason
 

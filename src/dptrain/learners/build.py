@@ -33,6 +33,7 @@ from dptrain.errors import ConfigError
 from dptrain.learners.config import (
     LearnerConfig,
     ModelConfig,
+    betas as learner_betas,
     milestones,
     refuse_torch_options,
 )
@@ -98,6 +99,7 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
             model.to(torch.float64)
     else:
         kind = get_model(config.model).kind
+        _check_token_data(config.model, split, dataset)
         try:
             check_input(config.model, split.input_shape)
         except ConfigError as err:
@@ -109,6 +111,17 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
                             _sized_options(config, split, dataset))
     _check_kind_options(config, kind)
     return model, kind
+
+
+def _check_token_data(model: str, split: Split, dataset: str) -> None:
+    """Token windows go to a language model and a language model takes nothing else."""
+    language_model = get_model(model).takes_tokens
+    if language_model and split.vocabulary is None:
+        raise ConfigError(f"dataset {dataset}: {model} is a language model; it trains on "
+                          f"token data (text:PATH or tokens:DIR)")
+    if split.vocabulary is not None and not language_model:
+        raise ConfigError(f"dataset {dataset}: windows of token ids need a language model "
+                          f"(--model torch-gpt) or your own model file; {model} is not one")
 
 
 def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
@@ -200,7 +213,7 @@ def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
     optimizer = OptimizerSpec(name=config.optimizer,
                               lr=schedule.peak if schedule is not None else config.lr,
                               momentum=config.momentum, nesterov=config.nesterov,
-                              weight_decay=config.weight_decay,
+                              betas=learner_betas(config), weight_decay=config.weight_decay,
                               decay_norm_and_bias=config.decay_norm_and_bias)
     return TorchLearner(model, task_loss(task, config.label_smoothing), optimizer,
                         precision=precision, strategy=config.strategy,

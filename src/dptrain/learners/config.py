@@ -25,6 +25,7 @@ from dptrain.learners.user_model import is_model_file
 from dptrain.options import bad_value, check_at_least, cli, flag, resumable
 
 PRECISIONS = ("32", "64", "bf16", "fp16")
+DEFAULT_BETAS = "0.9,0.999"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,21 +35,28 @@ class ModelConfig:
     model: str = "tagi-mlp"
     """tagi-mlp, tagi-cnn, tagi-cnn-pytagi (pytagi's initialisation), tagi-resnet18,
     tagi-lstm (time series), torch-mlp, torch-cnn, torch-resnet18, torch-resnet50 (the ResNets
-    take ImageNet's stem on images of 128 pixels and more), or PATH.py:FUNCTION:
+    take ImageNet's stem on images of 128 pixels and more), torch-gpt (a language model on
+    text:PATH or tokens:DIR), or PATH.py:FUNCTION:
     FUNCTION(input_shape, num_outputs) returns a dptrain.tagi.Sequential or a torch.nn.Module."""
     precision: str = "32"
     """TAGI: 32 or 64 (float64); torch: 32, bf16, fp16 (CUDA)."""
     hidden: int = 128
     """Width of the hidden layers of the MLPs."""
     width: int = 64
-    """Channels of the first ResNet stage (64: ResNet18; small for quick tests)."""
+    """Channels of the first ResNet stage (64: ResNet18; small for quick tests); torch-gpt:
+    the embedding width (its default: 128)."""
+    layers: int = 4
+    """torch-gpt: transformer blocks."""
+    heads: int = 4
+    """torch-gpt: attention heads per block; width must be a multiple of it."""
     gain: float = 0.0
     """TAGI: gain of the initial weight (and bias) standard deviations; 0: the model's default
     (1; 0.5 for tagi-cnn on images of 24 pixels and more, 0.083 for tagi-resnet18)."""
     gain_bias: float = 0.0
     """TAGI: gain of the initial bias standard deviations if different; 0: as gain."""
     dropout: float = 0.0
-    """torch-mlp: dropout probability after each hidden layer (0: none)."""
+    """torch-mlp: dropout probability after each hidden layer; torch-gpt: on the embeddings,
+    the attention weights and each residual branch (0: none)."""
     heteroscedastic: bool = False
     """TAGI regression: learn the observation noise per input (EvenExp head with a (mean,
     noise) output pair per target) instead of a fixed sigma-v."""
@@ -69,14 +77,18 @@ class ModelConfig:
                               f"model")
         if self.model in TORCH_MODELS and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
-        check_at_least(self, ("hidden", "width"), 1)
+        check_at_least(self, ("hidden", "width", "layers", "heads"), 1)
+        if self.model == "torch-gpt" and self.width % self.heads:
+            raise ConfigError(f"torch-gpt: width {self.width} is not a multiple of heads "
+                              f"{self.heads} (each head takes width / heads of it)")
         check_at_least(self, ("series_embedding",), 0)
         if self.series_embedding and self.model != "tagi-lstm":
             raise ConfigError(f"series-embedding is for the tagi-lstm model, not {self.model}")
         if not 0.0 <= self.dropout < 1.0:
             raise bad_value(self, "dropout", "a probability in [0, 1)")
-        if self.dropout and self.model != "torch-mlp":
-            raise ConfigError(f"dropout is for the torch-mlp model, not {self.model}")
+        if self.dropout and self.model not in ("torch-mlp", "torch-gpt"):
+            raise ConfigError(f"dropout is for the torch-mlp and torch-gpt models, not "
+                              f"{self.model}")
         if self.gain < 0 or self.gain_bias < 0:
             raise ConfigError(f"gain and gain-bias must be > 0 (or 0 for the model's default), "
                               f"got {self.gain} and {self.gain_bias}")
@@ -91,7 +103,8 @@ class ModelConfig:
         return ModelOptions(hidden=self.hidden, dropout=self.dropout, width=self.width,
                             gain_weight=self.gain or None, gain_bias=self.gain_bias or None,
                             dtype=self.dtype, heteroscedastic=self.heteroscedastic,
-                            series_embedding=self.series_embedding)
+                            series_embedding=self.series_embedding, layers=self.layers,
+                            heads=self.heads)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +157,9 @@ class LearnerConfig:
     """Torch models, sgd and lars: momentum (torchvision's recipes: 0.9)."""
     nesterov: bool = False
     """Torch models, sgd and lars: Nesterov momentum."""
+    betas: str = DEFAULT_BETAS
+    """Torch models, adam and adamw: the decay rates of the moment estimates, beta1,beta2
+    (nanoGPT's small models: 0.9,0.99, as they see few tokens per step)."""
     weight_decay: float = 0.0
     """Torch models: weight decay (adamw: decoupled; others: L2 on the gradient); not on
     normalisation weights and biases unless decay-norm-and-bias."""
@@ -212,7 +228,7 @@ class LearnerConfig:
         check_torch_options(self)
 
 
-TORCH_ONLY = ("lr_scaling", "optimizer", "momentum", "nesterov", "weight_decay",
+TORCH_ONLY = ("lr_scaling", "optimizer", "momentum", "nesterov", "betas", "weight_decay",
               "decay_norm_and_bias", "clip_grad_norm", "schedule", "warmup", "min_lr",
               "milestones", "label_smoothing", "ema", "mixup", "cutmix")
 """Learner options a TAGI model has no use for (it has no learning rate); given one, a TAGI
@@ -222,6 +238,7 @@ run is refused rather than trained without it."""
 def check_torch_options(config: LearnerConfig) -> None:
     """The torch options that need no data to check, one line each."""
     check_optimizer(config.optimizer, config.momentum, config.nesterov, config.weight_decay)
+    betas(config)
     if config.lr_scaling not in LR_SCALINGS:
         raise bad_value(config, "lr_scaling", ", ".join(LR_SCALINGS))
     if config.schedule not in SCHEDULES:
@@ -240,6 +257,20 @@ def check_torch_options(config: LearnerConfig) -> None:
         if not getattr(config, name) >= 0:
             raise bad_value(config, name, "an alpha >= 0 (0: off)")
     milestones(config)
+
+
+def betas(config: LearnerConfig) -> tuple[float, float]:
+    """The betas as two numbers in [0, 1); one line if they are not."""
+    try:
+        first, second = (float(b) for b in config.betas.split(","))
+    except ValueError:
+        raise bad_value(config, "betas", "two numbers in [0, 1), e.g. 0.9,0.99") from None
+    if not (0.0 <= first < 1.0 and 0.0 <= second < 1.0):
+        raise bad_value(config, "betas", "two numbers in [0, 1), e.g. 0.9,0.99")
+    if config.betas != DEFAULT_BETAS and config.optimizer not in ("adam", "adamw"):
+        raise ConfigError(f"betas are for optimizer adam or adamw; {config.optimizer} has "
+                          f"none (its momentum is --momentum)")
+    return first, second
 
 
 def milestones(config: LearnerConfig) -> tuple[float, ...]:

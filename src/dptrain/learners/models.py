@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from dptrain.errors import ConfigError
+from dptrain.learners.gpt import GPT, GPTConfig
 from dptrain.tagi import (
     AvgPool2d,
     BatchNorm2d,
@@ -76,6 +77,10 @@ class ModelOptions:
     num_features: int = 1
     """tagi-lstm on flat windows: values per time step (a series' value and its known
     covariates), so that a flat input of L · num_features values is L steps."""
+    layers: int = 4
+    """torch-gpt: transformer blocks."""
+    heads: int = 4
+    """torch-gpt: attention heads per block (width must be a multiple)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ class ModelSpec:
     needs_image: bool = False
     takes_windows: bool = False
     """The model reads its input as a sequence: (lookback,) or (lookback, features)."""
+    takes_tokens: bool = False
+    """A language model: its inputs are windows of token ids (text:, tokens:), its targets the
+    next token at every position."""
     defaults: dict[str, Any] = field(default_factory=dict)
     """Training defaults this model was tuned with (batch_size, sigma_v, gain, ...), used where
     the user gave no value."""
@@ -445,6 +453,20 @@ _RESNET_DEFAULTS = {"batch_size": 64, "sigma_v": 0.05, "gain": 0.083}
 # 36-37 % below the naive's for seeds 0-2, a day's 9-29 % (docs/forecasting.md)
 _LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1, "heteroscedastic": True,
                   "time_features": "auto", "lookback": 48}
+def torch_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions
+              ) -> nn.Module:
+    """A GPT over a vocabulary of `num_outputs` tokens whose context is the data's window."""
+    return GPT(GPTConfig(vocab_size=num_outputs, block_size=input_shape[0],
+                         layers=options.layers, heads=options.heads, width=options.width,
+                         dropout=options.dropout))
+
+
+# nanoGPT's recipe for its small character-level Shakespeare model (karpathy/nanoGPT,
+# config/train_shakespeare_char.py, at the sizes of its CPU run): AdamW with beta2 0.99 (few
+# tokens per step), decay on matrices only, 100 warm-up steps, cosine to lr / 10, clipping 1.
+_GPT_DEFAULTS = {"width": 128, "batch_size": 12, "optimizer": "adamw", "lr": 1e-3,
+                 "betas": "0.9,0.99", "weight_decay": 0.1, "schedule": "cosine",
+                 "schedule_unit": "steps", "warmup": 100, "min_lr": 1e-4, "clip_grad_norm": 1.0}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
     ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
@@ -463,6 +485,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               "stem by image size)", needs_image=True),
     ModelSpec("torch-resnet50", "torch", torch_resnet50, "torch ResNet50 (CIFAR or ImageNet "
               "stem by image size)", needs_image=True),
+    ModelSpec("torch-gpt", "torch", torch_gpt, "torch GPT language model (GPT-2's decoder: "
+              "--layers blocks of --heads causal attention heads, --width wide, context "
+              "--block-size)", takes_tokens=True, defaults=_GPT_DEFAULTS),
 )}
 TAGI_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "tagi")
 TORCH_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "torch")
@@ -478,6 +503,10 @@ def get_model(name: str) -> ModelSpec:
 def check_input(name: str, input_shape: tuple[int, ...]) -> None:
     """Raise a one-line ConfigError if model `name` cannot take samples of `input_shape`."""
     spec = get_model(name)
+    if spec.takes_tokens and len(input_shape) != 1:
+        raise ConfigError(f"model {name} takes windows of token ids, (block-size,); the "
+                          f"dataset's inputs have shape {tuple(input_shape)} (use text:PATH or "
+                          f"tokens:DIR)")
     if spec.takes_windows and len(input_shape) > 2:
         raise ConfigError(f"model {name} takes windows of a time series, (lookback,) or "
                           f"(lookback, features); the dataset's inputs have shape "

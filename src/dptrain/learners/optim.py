@@ -71,6 +71,8 @@ class OptimizerSpec:
     momentum: float = 0.0
     """sgd and lars."""
     nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    """adam and adamw."""
     weight_decay: float = 0.0
     """Decoupled for adamw (torch's AdamW), L2 added to the gradient for adam, sgd and lars."""
     decay_norm_and_bias: bool = False
@@ -91,8 +93,10 @@ class OptimizerSpec:
 
     def _build(self, params: Iterable[Any]) -> torch.optim.Optimizer:
         make = {
-            "adam": functools.partial(torch.optim.Adam, weight_decay=self.weight_decay),
-            "adamw": functools.partial(torch.optim.AdamW, weight_decay=self.weight_decay),
+            "adam": functools.partial(torch.optim.Adam, betas=self.betas,
+                                      weight_decay=self.weight_decay),
+            "adamw": functools.partial(torch.optim.AdamW, betas=self.betas,
+                                       weight_decay=self.weight_decay),
             "sgd": functools.partial(torch.optim.SGD, momentum=self.momentum,
                                      nesterov=self.nesterov, weight_decay=self.weight_decay),
             "lars": functools.partial(Lars, momentum=self.momentum, nesterov=self.nesterov,

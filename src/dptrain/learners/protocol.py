@@ -97,6 +97,11 @@ class Learner(Protocol):
         """What about this learner defines a run beyond its options (JSON values), stored in
         every checkpoint: resuming a run whose record differs is refused."""
 
+    def flops_per_token(self) -> tuple[float, torch.dtype] | None:
+        """The model's training FLOPs per token and the dtype its products run in, for the
+        model FLOPs utilisation; None when the model declares none (it is not a language
+        model that counts them)."""
+
     def report(self, out_dir: Path | None, split: Split) -> dict[str, Any]:
         """Every rank, once, after the last evaluation: entries for the run's summary. Rank 0
         passes the run directory and the learner writes its own plots there (a reliability

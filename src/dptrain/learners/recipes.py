@@ -20,14 +20,14 @@ from torch import nn
 
 from dptrain.errors import ConfigError
 from dptrain.learners.build import adam, has_batchnorm, task_loss
-from dptrain.learners.models import TORCH_MODELS, ModelOptions, build_model
+from dptrain.learners.models import MODELS, TORCH_MODELS, ModelOptions, build_model
 from dptrain.learners.torch_config import OptimizerFactory
 from dptrain.learners.torch_learner import TorchLearner
 
 DIGITS_SHAPE = (1, 8, 8)
 NUM_CLASSES = 10
-RECIPES = TORCH_MODELS
-"""The recipe names: the registry's torch models."""
+RECIPES = tuple(name for name in TORCH_MODELS if not MODELS[name].takes_tokens)
+"""The recipe names: the registry's torch models that take images (not the language model)."""
 
 
 class Recipe(NamedTuple):

@@ -409,6 +409,10 @@ class TagiLearner:
     def run_record(self) -> dict[str, Any]:
         return {"sharded_checkpoint": False}
 
+    def flops_per_token(self) -> tuple[float, torch.dtype] | None:
+        """TAGI networks declare no FLOPs per token."""
+        return None
+
     def report(self, out_dir: Path | None, split: Split) -> dict[str, Any]:
         """The calibration bins (classification), a time series' forecast metrics
         (`forecast_*`: dptrain.learners.forecast); rank 0 draws reliability.png, forecast.png,

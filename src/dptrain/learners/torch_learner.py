@@ -54,6 +54,7 @@ from dptrain.runtime import (
     is_initialized,
     release_before_shutdown,
 )
+from dptrain.data.datasets.base import IGNORE_INDEX
 from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
 from dptrain.fingerprint import params_sha256
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
@@ -409,6 +410,7 @@ class TorchLearner:
         zero and would make a better model look worse next to another ε."""
         if isinstance(self.loss_fn, nn.CrossEntropyLoss) and self.loss_fn.label_smoothing:
             self._check_regression_shapes(out, y)
+            out, y = _per_position(out, y)
             return torch.nn.functional.cross_entropy(out, y, weight=self.loss_fn.weight,
                                                      ignore_index=self.loss_fn.ignore_index)
         return self._loss(out, y)
@@ -417,9 +419,14 @@ class TorchLearner:
                       out: torch.Tensor | None) -> Metrics:
         """`_metrics`, plus the calibration bins of softmax(logits) for class labels."""
         metrics = self._metrics(loss_sum, metric_sum, n, y)
-        if self.task == "classification" and not y.is_floating_point() and y.dim() == 1:
-            probs = torch.zeros(0, 1) if out is None else out.detach().float().softmax(1)
-            metrics.update(calibration_sums(probs, y))
+        if self.task == "classification" and not y.is_floating_point():
+            if out is None:
+                metrics.update(calibration_sums(torch.zeros(0, 1), y.new_zeros(0)))
+                return metrics
+            logits, labels = _per_position(out.detach(), y)
+            if labels.dim() == 1:
+                kept = labels != IGNORE_INDEX
+                metrics.update(calibration_sums(logits[kept].float().softmax(1), labels[kept]))
         return metrics
 
     def _to_device(self, batch: tuple[torch.Tensor, torch.Tensor]
@@ -445,6 +452,8 @@ class TorchLearner:
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._check_regression_shapes(out, y)
+        if self.task == "classification":
+            out, y = _per_position(out, y)
         return self.loss_fn(out, y)
 
     def _check_regression_shapes(self, out: torch.Tensor, y: torch.Tensor) -> None:
@@ -460,20 +469,34 @@ class TorchLearner:
 
     def _batch_stats(self, out: torch.Tensor, loss: torch.Tensor, y: torch.Tensor
                      ) -> torch.Tensor:
-        """(loss summed over samples, errors or summed squared error) as float64, detached."""
+        """(loss summed over samples, or over target positions when a sample has several,
+        errors or summed squared error) as float64, detached."""
         out = out.detach()
-        loss_sum = loss.detach().double() * out.shape[0]
         if self.task == "classification":
-            labels = y.argmax(1) if y.is_floating_point() and y.shape == out.shape else y
-            metric = (out.argmax(1) != labels).sum().double()
+            out, y = _per_position(out, y)
+            if y.is_floating_point():
+                labels, kept = (y.argmax(1) if y.shape == out.shape else y), None
+            else:
+                labels, kept = y, y != IGNORE_INDEX
+            wrong = out.argmax(1) != labels
+            if kept is not None:
+                wrong &= kept
+            metric = wrong.sum().double()
+            counted = out.shape[0] if kept is None else kept.sum()
+            loss_sum = loss.detach().double() * counted
         else:
+            loss_sum = loss.detach().double() * out.shape[0]
             metric = (out.double() - y.double()).square().sum()
         return torch.stack([loss_sum, metric])
 
     def _metrics(self, loss_sum: float, metric_sum: float, n: int, y: torch.Tensor) -> Metrics:
         if self.task == "classification":
-            labels = y.shape[0] * math.prod(y.shape[2:]) if y.is_floating_point() else y.numel()
-            return {"loss": (loss_sum, float(n)), "error": (metric_sum, float(labels))}
+            if y.is_floating_point():  # soft labels (mixup): one per sample
+                labels = y.shape[0] * math.prod(y.shape[2:])
+                return {"loss": (loss_sum, float(n)), "error": (metric_sum, float(labels))}
+            # Class ids, one per sample or one per position: every mean is per counted id.
+            counted = float((y != IGNORE_INDEX).sum())
+            return {"loss": (loss_sum, counted), "error": (metric_sum, counted)}
         return {"loss": (loss_sum, float(n)), "mse": (metric_sum, float(y.numel()))}
 
     def _optimizer_step(self) -> float | None:
@@ -706,6 +729,17 @@ class TorchLearner:
         """A sharded checkpoint cannot be resumed by a replicated learner, nor the reverse."""
         return {"sharded_checkpoint": self.is_sharded}
 
+    def flops_per_token(self) -> tuple[float, torch.dtype] | None:
+        """The module's own `flops_per_token` (a method or a number; `dptrain.learners.gpt`
+        has one) and the dtype of its products: autocast's, else its parameters'."""
+        found = getattr(self._module, "flops_per_token", None)
+        value = found() if callable(found) else found
+        if not value:
+            return None
+        autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.config.precision)
+        params = next(iter(self._module.parameters()), None)
+        return float(value), autocast or (params.dtype if params is not None else torch.float32)
+
     def report(self, out_dir: Path | None, split: Any) -> dict[str, Any]:
         """The calibration bins (classification), rank 0 draws reliability.png; with EMA the
         averaged weights' fingerprint (`ema_sha256`, collective under FSDP)."""
@@ -728,6 +762,15 @@ def _drop_wrapper(learner_ref: weakref.ref) -> None:
         learner._wrapped = learner._train_forward = None
         learner._released = True
         gc.collect()
+
+
+def _per_position(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, T, C) and targets (B, T), one class per position (a language model), as the
+    (B * T, C) and (B * T,) that a cross-entropy reads; anything else unchanged."""
+    if out.dim() == y.dim() + 1 and out.dim() > 2 and out.shape[:-1] == y.shape \
+            and not y.is_floating_point():
+        return out.reshape(-1, out.shape[-1]), y.reshape(-1)
+    return out, y
 
 
 def _check_batch(batch: Any, *, allow_empty: bool) -> tuple[torch.Tensor, torch.Tensor]:

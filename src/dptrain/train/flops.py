@@ -4,9 +4,9 @@ second the run reached, over the peak rate of the devices it ran on.
     peak = peak_flops(torch.device("cpu"), torch.float32)   # (rate, where it comes from)
     mfu(flops_per_token=6.1e6, tokens_per_s=2.0e4, peak=peak.rate, world_size=2)
 
-The FLOPs per token come from the model itself (a `flops_per_token()` method or attribute of the
-unwrapped module, forward and backward counted, as its author defines them); a model without
-one gets no MFU. The peak is `--peak-flops` when given; on CUDA the device's dense peak for the
+The FLOPs per token come from the model itself (the learner's `flops_per_token()`: a
+`flops_per_token` method or attribute of the unwrapped module, forward and backward counted, as
+its author defines them); a model without one gets no MFU. The peak is `--peak-flops` when given; on CUDA the device's dense peak for the
 dtype from `CUDA_PEAK_TFLOPS` (the vendors' data sheets); on a CPU what a float matrix multiply
 reaches in this process, measured once when the run starts (there is no data sheet for "this
 many cores of this CPU under this cgroup", and the rate torch itself reaches is the ceiling a
@@ -85,16 +85,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype, given: float | None = N
                                  else torch.float32)
     return Peak(rate, f"measured: {dtype} matmul on this CPU ({torch.get_num_threads()} "
                       f"thread(s))")
-
-
-def model_flops_per_token(module: Any) -> float | None:
-    """The model's own training FLOPs per token (`flops_per_token`, a method or a number), or
-    None when it declares none."""
-    found = getattr(module, "flops_per_token", None)
-    if found is None:
-        return None
-    value = found() if callable(found) else found
-    return float(value) if value else None
 
 
 def mfu(*, flops_per_token: float, tokens_per_s: float, peak: float, world_size: int) -> float:

@@ -352,14 +352,18 @@ def headline(summary: dict[str, Any], task: str) -> str:
         value = summary.get(key)
         return "n/a" if value is None else f"{100 * value:.{digits}f} %"
 
-    if summary.get("test_perplexity") is not None:  # token data: per-token loss in nats
-        bits = next((k for k in summary if k.startswith("test_bits_per_")), None)
-        shown = f"test_loss {summary['test_loss']:.4f}, perplexity " \
-                f"{summary['test_perplexity']:.4g}"
+    # Token data: per-token loss in nats; the validation part's when there is no test part.
+    part = next((p for p in ("test", "val") if summary.get(f"{p}_perplexity") is not None), None)
+    if part is not None:
+        bits = next((k for k in summary if k.startswith(f"{part}_bits_per_")), None)
+        shown = f"{part}_loss {summary[f'{part}_loss']:.4f}, perplexity " \
+                f"{summary[f'{part}_perplexity']:.4g}"
         if bits is not None:
-            shown += f", {summary[bits]:.4f} bits per {bits[len('test_bits_per_'):]}"
-        if summary.get("val_loss") is not None:
+            shown += f", {summary[bits]:.4f} bits per {bits[len(f'{part}_bits_per_'):]}"
+        if part == "test" and summary.get("val_loss") is not None:
             shown += f" (val_loss {summary['val_loss']:.4f})"
+        elif part == "val":
+            shown += " (no test part)"
         return shown
     if task == "classification":
         shown = f"test_error {pct('test_error', 2)}"

@@ -214,8 +214,11 @@ class Trainer:
         self.tokens_per_sample = self._tokens_per_sample()
         # Each evaluated part, validation first: the test part's evaluation is the learner's
         # last of the epoch (its calibration bins are the test part's in the summary).
+        # A split without a test part of its own (token data) names its validation part as
+        # the test part; it is evaluated once, as validation, and no test_* figure is made up.
+        test = split.test if split.test is not split.validation else None
         self.eval_parts = {prefix: self._eval_part(dataset) for prefix, dataset in
-                           (("val", self._validation_part()), ("test", split.test))
+                           (("val", self._validation_part()), ("test", test))
                            if dataset is not None}
         self.data_wait_s = 0.0
         """Seconds the training steps waited for their batches (not the evaluations)."""
@@ -700,14 +703,10 @@ class Trainer:
         """Collective: the model's training FLOPs per token and one device's peak (rank 0's,
         the same in every rank's summary), for the MFU; {} for a model that declares no FLOPs
         per token, or data that are not tokens."""
-        per_token = flops.model_flops_per_token(getattr(self.learner, "module", None))
-        if per_token is None or self.tokens_per_sample is None:
+        declared = self.learner.flops_per_token()
+        if declared is None or self.tokens_per_sample is None:
             return {}
-        precision = getattr(getattr(self.learner, "config", None), "precision", "32")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-        params = list(self.learner.module.parameters())
-        if params and params[0].dtype == torch.float64:
-            dtype = torch.float64
+        per_token, dtype = declared
         peak = dd.broadcast_object(flops.peak_flops(self.runtime.device, dtype,
                                                     self.config.peak_flops))
         out: dict[str, Any] = {"flops_per_token": per_token, "peak_flops": peak.rate,

@@ -16,6 +16,9 @@ import torch
 from dptrain.errors import ConfigError, DataError
 
 Task = Literal["classification", "regression"]
+IGNORE_INDEX = -100
+"""A class-id target equal to this is left out of the loss and every metric: padding (torch's
+cross-entropy default)."""
 _TASKS = ("classification", "regression")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from dptrain.data.datasets.base import Split
+from dptrain.data.datasets.base import IGNORE_INDEX, Split
 from dptrain.errors import ConfigError, DataError
 from dptrain.user_code import load_function
 
@@ -60,13 +60,19 @@ def _check_sample(spec: str, part: str, dataset: torch.utils.data.Dataset, split
         x, y = dataset[0]
     except Exception as err:  # the user's code
         raise DataError(f"{where}: {type(err).__name__}: {err} (items must be (x, y))") from None
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise DataError(f"{where}: the input must be a float tensor, got {type(x).__name__}"
+    if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.is_complex():
+        raise DataError(f"{where}: the input must be a float tensor (or integer ids, e.g. "
+                        f"tokens for an nn.Embedding), got {type(x).__name__}"
                         f"{'' if not isinstance(x, torch.Tensor) else f' of {x.dtype}'}")
     y = torch.as_tensor(y)
     if split.task == "classification":
-        if y.is_floating_point() or y.numel() != 1 or not 0 <= int(y) < split.num_classes:
+        # One class id per sample, or one per position (a language model's next tokens);
+        # IGNORE_INDEX marks a padded position.
+        ids = y[y != IGNORE_INDEX] if not y.is_floating_point() else y
+        in_range = not ids.numel() or (0 <= int(ids.min()) and int(ids.max()) < split.num_classes)
+        if y.is_floating_point() or y.dim() > 1 or not in_range:
             raise DataError(f"{where}: a classification target must be a class id in "
-                            f"[0, {split.num_classes}), got {y!r}")
+                            f"[0, {split.num_classes}) or a vector of them (one per position), "
+                            f"got {y!r}")
     elif not y.is_floating_point():
         raise DataError(f"{where}: a regression target must be a float tensor, got {y.dtype}")
