@@ -73,13 +73,14 @@ def prepare(source: Path, work: Path) -> Path:
     return nano
 
 
-def run_nanogpt(nano: Path, steps: int, eval_every: int, out: Path) -> dict[str, float]:
+def run_nanogpt(nano: Path, steps: int, warmup: int, eval_every: int, out: Path
+                ) -> dict[str, float]:
     cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
            "--compile=False", f"--eval_iters={EVAL_BATCHES}", "--log_interval=1",
            f"--eval_interval={eval_every}", f"--max_iters={steps}",
-           f"--lr_decay_iters={steps}", "--dropout=0.0", f"--out_dir={out}",
+           f"--lr_decay_iters={steps}", f"--warmup_iters={warmup}", "--dropout=0.0", f"--out_dir={out}",
            *(f"--{k}={v}" for k, v in MODEL.items())]
-    done = subprocess.run(cmd, cwd=nano, check=True, capture_output=True, text=True)
+    done = _run(cmd, cwd=nano)
     times = {int(m[1]): float(m[2]) / 1000 for m in
              re.finditer(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", done.stdout, re.M)}
     losses = {int(m[1]): float(m[2]) for m in
@@ -88,51 +89,60 @@ def run_nanogpt(nano: Path, steps: int, eval_every: int, out: Path) -> dict[str,
     return {"val_loss": losses[max(losses)], "step_s": statistics.fmean(step_times)}
 
 
-def run_dptrain(data: Path, steps: int, eval_every: int, seed: int, nproc: int, out: Path
-                ) -> dict[str, float]:
+def run_dptrain(data: Path, steps: int, warmup: int, eval_every: int, seed: int, nproc: int,
+                out: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "dptrain", "train", "--model", "torch-gpt",
            "--dataset", f"tokens:{data}", "--block-size", str(MODEL["block_size"]),
            "--batch-size", str(MODEL["batch_size"]), "--layers", str(MODEL["n_layer"]),
            "--heads", str(MODEL["n_head"]), "--width", str(MODEL["n_embd"]), "--dropout", "0",
-           "--max-steps", str(steps), "--lr-decay-steps", str(steps), "--warmup", "100",
+           "--max-steps", str(steps), "--lr-decay-steps", str(steps), "--warmup", str(warmup),
            "--lr", "1e-3", "--min-lr", "1e-4", "--betas", "0.9,0.99", "--weight-decay", "0.1",
            "--clip-grad-norm", "1.0", "--val-every", str(eval_every),
            "--val-batches", str(EVAL_BATCHES), "--seed", str(seed), "--nproc", str(nproc),
            "--no-progress", "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    _run(cmd)
     summary = json.loads((out / "summary.json").read_text())
     return {"val_loss": summary["val_loss"],
             "step_s": summary["train_time_s"] / summary["steps"],
             "tokens_per_s": summary["tokens_per_s"]}
 
 
+def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     parser.add_argument("--eval-every", type=int, default=250, help="nanoGPT's eval_interval")
     parser.add_argument("--quick", action="store_true", help="60 steps, one seed, no JSON")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.eval_every, args.seeds = 60, 30, args.seeds[:1]
+        args.steps, args.warmup, args.eval_every, args.seeds = 60, 10, 30, args.seeds[:1]
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpt-bench-") as tmp:
         work = Path(tmp)
         nano = prepare(nanogpt_source(), work)
         data = nano / "data" / "shakespeare_char"
         for i, seed in enumerate(args.seeds):
-            sides = [("nanogpt", lambda: run_nanogpt(nano, args.steps, args.eval_every,
+            sides = [("nanogpt", lambda: run_nanogpt(nano, args.steps, args.warmup, args.eval_every,
                                                      work / f"nano{seed}")),
-                     ("dptrain", lambda: run_dptrain(data, args.steps, args.eval_every, seed,
-                                                     1, work / f"dp1-{seed}"))]
+                     ("dptrain", lambda: run_dptrain(data, args.steps, args.warmup,
+                                                     args.eval_every, seed, 1, work / f"dp1-{seed}"))]
             row = {"seed": seed}
             for name, run in (sides if i % 2 == 0 else sides[::-1]):
                 started = time.perf_counter()
                 row[name] = run()
                 print(f"seed {seed} {name}: {row[name]} ({time.perf_counter() - started:.0f} s)",
                       flush=True)
-            row["dptrain_2proc"] = run_dptrain(data, args.steps, args.eval_every, seed, 2,
+            row["dptrain_2proc"] = run_dptrain(data, args.steps, args.warmup, args.eval_every, seed,
+                                               2,
                                                work / f"dp2-{seed}")
             print(f"seed {seed} dptrain --nproc 2: {row['dptrain_2proc']}", flush=True)
             rows.append(row)
