@@ -5,8 +5,8 @@
 
 nanoGPT's folder (karpathy/nanoGPT, with the tiny Shakespeare text as
 data/shakespeare_char/input.txt) comes from NANOGPT_DIR, else a `shared/nanogpt` folder beside
-the repository, and is copied to a temporary folder, where its `data/shakespeare_char/prepare.py` writes train.bin,
-val.bin and meta.pkl from the tiny Shakespeare text (a stand-in `requests` module on its path:
+the repository, and is copied to a temporary folder, where its own
+`data/shakespeare_char/prepare.py` writes train.bin, val.bin and meta.pkl from the tiny Shakespeare text (a stand-in `requests` module on its path:
 the text is already there, nothing is downloaded). dptrain trains on those very files
 (`--dataset tokens:DIR`), so both see the same 65 characters and the same 90/10 split.
 
@@ -18,9 +18,9 @@ Measured, per seed, interleaved (the side that goes first alternates):
 - validation loss at the last step: nanoGPT's is its own estimate (`eval_iters` random
   batches); dptrain's is `--val-batches` fixed batches. nanoGPT seeds itself with a constant, so
   its runs differ only in time; dptrain takes the seed.
-- time per training step on one process: nanoGPT's per-iteration times (the iterations that
-  evaluated left out, and the first), dptrain's training time over its steps (validation left
-  out). The ratio dptrain / nanoGPT is the figure (target: within 1.05).
+- time per training step on one process, both on the same intra-op threads (`--threads`):
+  nanoGPT's per-iteration times (the iterations that evaluated left out, and the first),
+  dptrain's training time over its steps (validation points and checkpoints left out). The ratio dptrain / nanoGPT is the figure (target: within 1.05).
 - tokens per second on 2 processes (`--nproc 2`, the same global batch) beside 1.
 """
 
@@ -73,14 +73,15 @@ def prepare(source: Path, work: Path) -> Path:
     return nano
 
 
-def run_nanogpt(nano: Path, steps: int, warmup: int, eval_every: int, out: Path
+def run_nanogpt(nano: Path, steps: int, warmup: int, eval_every: int, threads: int, out: Path
                 ) -> dict[str, float]:
     cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
            "--compile=False", f"--eval_iters={EVAL_BATCHES}", "--log_interval=1",
            f"--eval_interval={eval_every}", f"--max_iters={steps}",
-           f"--lr_decay_iters={steps}", f"--warmup_iters={warmup}", "--dropout=0.0", f"--out_dir={out}",
+           f"--lr_decay_iters={steps}", f"--warmup_iters={warmup}", "--dropout=0.0",
+           f"--out_dir={out}",
            *(f"--{k}={v}" for k, v in MODEL.items())]
-    done = _run(cmd, cwd=nano)
+    done = _run(cmd, cwd=nano, threads=threads)
     times = {int(m[1]): float(m[2]) / 1000 for m in
              re.finditer(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", done.stdout, re.M)}
     losses = {int(m[1]): float(m[2]) for m in
@@ -90,7 +91,7 @@ def run_nanogpt(nano: Path, steps: int, warmup: int, eval_every: int, out: Path
 
 
 def run_dptrain(data: Path, steps: int, warmup: int, eval_every: int, seed: int, nproc: int,
-                out: Path) -> dict[str, float]:
+                threads: int, out: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "dptrain", "train", "--model", "torch-gpt",
            "--dataset", f"tokens:{data}", "--block-size", str(MODEL["block_size"]),
            "--batch-size", str(MODEL["batch_size"]), "--layers", str(MODEL["n_layer"]),
@@ -99,7 +100,7 @@ def run_dptrain(data: Path, steps: int, warmup: int, eval_every: int, seed: int,
            "--lr", "1e-3", "--min-lr", "1e-4", "--betas", "0.9,0.99", "--weight-decay", "0.1",
            "--clip-grad-norm", "1.0", "--val-every", str(eval_every),
            "--val-batches", str(EVAL_BATCHES), "--seed", str(seed), "--nproc", str(nproc),
-           "--no-progress", "--out", str(out)]
+           "--threads", str(max(1, threads // nproc)), "--no-progress", "--out", str(out)]
     _run(cmd)
     summary = json.loads((out / "summary.json").read_text())
     return {"val_loss": summary["val_loss"],
@@ -107,8 +108,10 @@ def run_dptrain(data: Path, steps: int, warmup: int, eval_every: int, seed: int,
             "tokens_per_s": summary["tokens_per_s"]}
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+def _run(cmd: list[str], cwd: Path | None = None, threads: int | None = None
+         ) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done
@@ -118,6 +121,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="intra-op threads of one process (2 processes: half each)")
     parser.add_argument("--warmup", type=int, default=100, help="warm-up steps")
     parser.add_argument("--eval-every", type=int, default=250, help="nanoGPT's eval_interval")
     parser.add_argument("--quick", action="store_true", help="60 steps, one seed, no JSON")
@@ -131,18 +136,18 @@ def main() -> None:
         nano = prepare(nanogpt_source(), work)
         data = nano / "data" / "shakespeare_char"
         for i, seed in enumerate(args.seeds):
-            sides = [("nanogpt", lambda: run_nanogpt(nano, args.steps, args.warmup, args.eval_every,
+            common = (args.steps, args.warmup, args.eval_every)
+            sides = [("nanogpt", lambda: run_nanogpt(nano, *common, args.threads,
                                                      work / f"nano{seed}")),
-                     ("dptrain", lambda: run_dptrain(data, args.steps, args.warmup,
-                                                     args.eval_every, seed, 1, work / f"dp1-{seed}"))]
+                     ("dptrain", lambda: run_dptrain(data, *common, seed, 1, args.threads,
+                                                     work / f"dp1-{seed}"))]
             row = {"seed": seed}
             for name, run in (sides if i % 2 == 0 else sides[::-1]):
                 started = time.perf_counter()
                 row[name] = run()
                 print(f"seed {seed} {name}: {row[name]} ({time.perf_counter() - started:.0f} s)",
                       flush=True)
-            row["dptrain_2proc"] = run_dptrain(data, args.steps, args.warmup, args.eval_every, seed,
-                                               2,
+            row["dptrain_2proc"] = run_dptrain(data, *common, seed, 2, args.threads,
                                                work / f"dp2-{seed}")
             print(f"seed {seed} dptrain --nproc 2: {row['dptrain_2proc']}", flush=True)
             rows.append(row)

@@ -225,7 +225,9 @@ class Trainer:
         self.step_times = StepTimes(self.rank, self.world_size, self._metric_device())
         """Per-rank compute, wait and data time of the steps (ranks.csv; slow ranks named)."""
         self.train_s = 0.0
-        """Seconds spent in training epochs (waits for batches included, evaluations not)."""
+        self.paused_s = 0.0
+        """Seconds of the current epoch spent in validation points and mid-epoch checkpoints."""
+        """Seconds spent training (waits for batches included; evaluations and checkpoints not)."""
         self.monitor = config.monitor or default_monitor(split.task,
                                                          split.validation is not None,
                                                          split.vocabulary is not None)
@@ -333,9 +335,9 @@ class Trainer:
             # per-epoch schedules (TAGI σ_v), and augmentation draws through the loader, are
             # functions of the epoch, so a resumed run continues them exactly
             self.learner.set_epoch(self.epoch)
-            epoch_start = time.perf_counter()
+            epoch_start, self.paused_s = time.perf_counter(), 0.0
             seen = self._train_epoch()
-            self.train_s += time.perf_counter() - epoch_start
+            self.train_s += time.perf_counter() - epoch_start - self.paused_s
             samples_seen += seen
             # The epoch ends here, or the run in it (max_steps, or an early stop at a point).
             epoch_complete = self.sampler.num_remaining == 0
@@ -411,6 +413,14 @@ class Trainer:
         """A validation point (`val_every`), else a `checkpoint_every` checkpoint, when due.
         Either is written mid-epoch only: the epoch's or the run's end writes its own next."""
         config, step = self.config, self.step
+        began = time.perf_counter()
+        try:
+            self._point_or_checkpoint(config, step)
+        finally:
+            # Out of the training time, as the evaluations and checkpoints at an epoch's end.
+            self.paused_s += time.perf_counter() - began
+
+    def _point_or_checkpoint(self, config: TrainConfig, step: int) -> None:
         ends_here = self.sampler.num_remaining == 0 or (config.max_steps is not None
                                                         and step >= config.max_steps)
         if config.val_every and step % config.val_every == 0:
