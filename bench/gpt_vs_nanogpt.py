@@ -6,8 +6,8 @@
 nanoGPT's folder (karpathy/nanoGPT, with the tiny Shakespeare text as
 data/shakespeare_char/input.txt) comes from NANOGPT_DIR, else a `shared/nanogpt` folder beside
 the repository, and is copied to a temporary folder, where its own
-`data/shakespeare_char/prepare.py` writes train.bin, val.bin and meta.pkl from the tiny Shakespeare text (a stand-in `requests` module on its path:
-the text is already there, nothing is downloaded). dptrain trains on those very files
+`data/shakespeare_char/prepare.py` writes train.bin, val.bin and meta.pkl from the text (with a
+stand-in `requests` module on its path: the text is already there, nothing is downloaded). dptrain trains on those very files
 (`--dataset tokens:DIR`), so both see the same 65 characters and the same 90/10 split.
 
 The configuration is nanoGPT's CPU run of the character-level Shakespeare model: context 64,
@@ -20,7 +20,8 @@ Measured, per seed, interleaved (the side that goes first alternates):
   its runs differ only in time; dptrain takes the seed.
 - time per training step on one process, both on the same intra-op threads (`--threads`):
   nanoGPT's per-iteration times (the iterations that evaluated left out, and the first),
-  dptrain's training time over its steps (validation points and checkpoints left out). The ratio dptrain / nanoGPT is the figure (target: within 1.05).
+  dptrain's training time over its steps (validation points and checkpoints left out). The
+  ratio dptrain / nanoGPT is the figure (target: within 1.05).
 - tokens per second on 2 processes (`--nproc 2`, the same global batch) beside 1.
 """
 
