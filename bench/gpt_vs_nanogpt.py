@@ -7,8 +7,9 @@ nanoGPT's folder (karpathy/nanoGPT, with the tiny Shakespeare text as
 data/shakespeare_char/input.txt) comes from NANOGPT_DIR, else a `shared/nanogpt` folder beside
 the repository, and is copied to a temporary folder, where its own
 `data/shakespeare_char/prepare.py` writes train.bin, val.bin and meta.pkl from the text (with a
-stand-in `requests` module on its path: the text is already there, nothing is downloaded). dptrain trains on those very files
-(`--dataset tokens:DIR`), so both see the same 65 characters and the same 90/10 split.
+stand-in `requests` module on its path: the text is already there, nothing is downloaded).
+dptrain trains on those very files (`--dataset tokens:DIR`), so both see the same 65 characters
+and the same 90/10 split.
 
 The configuration is nanoGPT's CPU run of the character-level Shakespeare model: context 64,
 batch 12, 4 layers, 4 heads, width 128, no dropout, AdamW lr 1e-3 with beta2 0.99 and weight
