@@ -276,6 +276,11 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
                     f"directory {options.out}")
     if "peak_lr" in config.record:
         rank_zero_print(f"learning rate: {optimizer_line(options, config.record['peak_lr'])}")
+    if (counted := learner.flops_per_token()) is not None:
+        model, _ = learner_model(learner)
+        params = sum(p.numel() for p in model.parameters())
+        rank_zero_print(f"model: {params / 1e6:.2f} M parameters, {counted[0] / 1e6:.2f} MFLOP "
+                        f"per token to train (forward and backward)")
     summary = Trainer(learner, split, config, runtime).fit()
     rank_zero_print(f"done: {headline(summary, split.task)} after {run_extent(summary)}, "
                     f"{chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s"
