@@ -209,3 +209,30 @@ def test_the_betas_reach_adamw_and_decay_spares_norms():
     assert id(module.token_embedding.weight) in decayed
     assert id(module.blocks[0].attn.qkv.weight) in decayed
     assert id(module.ln_final.weight) not in decayed
+
+
+USER_LANGUAGE_MODEL = '''
+from torch import nn
+
+class Bigram(nn.Module):
+    def __init__(self, vocabulary):
+        super().__init__()
+        self.logits = nn.Embedding(vocabulary, vocabulary)
+
+    def forward(self, ids):
+        return self.logits(ids)
+
+def build(input_shape, num_outputs):
+    return Bigram(num_outputs)
+'''
+
+
+def test_a_model_file_is_sized_with_token_ids_and_may_answer_every_position(tmp_path):
+    path = tmp_path / "bigram.py"
+    path.write_text(USER_LANGUAGE_MODEL)
+    vocabulary = Vocabulary(kind="char", size=11, tokens=tuple("abcdefghij"))
+    learner = create_learner(ModelConfig(model=f"{path}:build"), LearnerConfig(),
+                             _token_split(vocabulary), seed=0)
+    learner.setup(_runtime())
+    metrics = learner.train_step((_ids(4, 8), _ids(4, 8, seed=1)))
+    assert metrics["loss"][1] == 32

@@ -92,6 +92,7 @@ def create_model(config: ModelConfig, split: Split, *, seed: int,
     num_targets = None if classification else split.output_dim
     if is_model_file(config.model):
         built = load_user_model(config.model, split.input_shape, task=split.task,
+                                input_dtype=input_dtype(split),
                                 num_classes=split.num_classes, num_targets=num_targets,
                                 seed=seed, heteroscedastic=config.heteroscedastic)
         model, kind = built.model, built.kind
@@ -122,6 +123,14 @@ def _check_token_data(model: str, split: Split, dataset: str) -> None:
     if split.vocabulary is not None and not language_model:
         raise ConfigError(f"dataset {dataset}: windows of token ids need a language model "
                           f"(--model torch-gpt) or your own model file; {model} is not one")
+
+
+def input_dtype(split: Split) -> torch.dtype:
+    """The dtype of the split's inputs (int64 for token ids), from its first sample."""
+    x = getattr(split.train, "x", None)
+    if isinstance(x, torch.Tensor):
+        return x.dtype
+    return torch.as_tensor(split.train[0][0]).dtype
 
 
 def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:

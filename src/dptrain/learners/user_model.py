@@ -51,10 +51,12 @@ class UserModel(NamedTuple):
 
 def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
                     num_classes: int | None, num_targets: int | None,
-                    seed: int | None = None, heteroscedastic: bool = False) -> UserModel:
+                    seed: int | None = None, heteroscedastic: bool = False,
+                    input_dtype: torch.dtype = torch.float32) -> UserModel:
     """Build the user's model for this dataset and check it fits (type and output width).
     With `heteroscedastic` (TAGI regression), a TAGI model outputs (mean, noise) pairs: twice
-    the targets."""
+    the targets. `input_dtype`: the data's (int64 for token ids, which an embedding needs);
+    a torch classifier may output (batch, positions, classes) for per-position targets."""
     fn = load_function(spec)
     torch_width = num_outputs("torch", task, num_classes, num_targets)
 
@@ -82,7 +84,7 @@ def load_user_model(spec: str, input_shape: tuple[int, ...], *, task: str,
     else:
         raise ConfigError(f"--model {spec}: returned a {type(model).__name__}; expected a "
                           f"dptrain.tagi.Sequential or a torch.nn.Module")
-    got = output_width(model, kind, input_shape, spec)
+    got = output_width(model, kind, input_shape, spec, input_dtype)
     if got != width:
         need = ("the hierarchical-softmax width for "
                 f"{num_classes} classes" if kind == "tagi" and task == "classification"
@@ -112,9 +114,12 @@ def refuse_distributed_tensors(model: torch.nn.Module, spec: str) -> None:
                           f"torch.distributed.pipelining or torchtitan)")
 
 
-def output_width(model: Any, kind: str, input_shape: tuple[int, ...], spec: str) -> int:
-    """Width of the model's output on a batch of two zero samples (eval mode, no update)."""
-    x = torch.zeros(2, *input_shape)
+def output_width(model: Any, kind: str, input_shape: tuple[int, ...], spec: str,
+                 input_dtype: torch.dtype = torch.float32) -> int:
+    """Width of the model's output on a batch of two zero samples (eval mode, no update): its
+    last dimension, for (batch, outputs) or a torch model's per-position (batch, positions,
+    outputs)."""
+    x = torch.zeros(2, *input_shape, dtype=input_dtype if kind == "torch" else None)
     try:
         if kind == "tagi":
             model.eval()
@@ -131,7 +136,11 @@ def output_width(model: Any, kind: str, input_shape: tuple[int, ...], spec: str)
         raise ConfigError(f"--model {spec}: the model fails on inputs of shape "
                           f"{tuple(input_shape)}: {type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}") from None
-    if out.dim() != 2:
+    per_position = kind == "torch" and out.dim() == 3 and len(input_shape) == 1 \
+        and out.shape[1] == input_shape[0]
+    if out.dim() != 2 and not per_position:
         raise ConfigError(f"--model {spec}: the model's output has shape {tuple(out.shape)} for "
-                          f"a batch of 2; expected (batch, outputs)")
-    return int(out.shape[1])
+                          f"a batch of 2; expected (batch, outputs), or (batch, positions, "
+                          f"classes) for windows of {input_shape[0] if input_shape else 'N'} "
+                          f"positions")
+    return int(out.shape[-1])
