@@ -1,6 +1,7 @@
 """torch-gpt under FSDP2: each block its own unit, then the root (which holds the embeddings
-and the output layer tied to them); sharded checkpoints written on 2 ranks resume on 1 and
-back on 2, in float64 as a run that never stopped, and the tie survives every round trip."""
+and the output layer tied to them), with or without activation checkpointing; sharded
+checkpoints written on 2 ranks resume on 1 and back on 2, in float64 as a run that never
+stopped, and the tie survives every round trip."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.learners import TorchLearner
-from dptrain.learners.build import task_loss
+from dptrain.learners.build import checkpoint_blocks, task_loss
 from dptrain.learners.gpt import GPT, GPTConfig
 from dptrain.runtime import init_distributed, resolve_env
 from tests._world import run_world
@@ -57,11 +58,15 @@ def _tied(learner: TorchLearner) -> bool:
 
 
 def _phase(rank: int, world_size: int, load: str | None, save: str, steps: list[int],
-           seed: int) -> dict:
-    """A fresh learner (initialised from `seed`) restores `load`, trains `steps`, saves."""
+           seed: int, checkpointing: bool = False) -> dict:
+    """A fresh learner (initialised from `seed`) restores `load`, trains `steps`, saves;
+    `checkpointing`: with the blocks recomputed in the backward (--activation-checkpointing),
+    which must change nothing."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         learner = _learner("fsdp", seed)
+        if checkpointing:
+            checkpoint_blocks(learner.module, "torch-gpt")
         learner.setup(_runtime(rank, world_size))
         units = [type(b).__name__ for b in learner.module.blocks]
         if load:
@@ -89,7 +94,7 @@ def _relative_gap(ours: dict, theirs: dict) -> float:
 
 def test_gpt_blocks_shard_and_resume_2_to_1_to_2_processes_as_if_never_stopped(tmp_path):
     first, second = str(tmp_path / "after2"), str(tmp_path / "after4")
-    started = run_world(_phase, None, first, [0, 1], 0, world_size=2, timeout_s=120)
+    started = run_world(_phase, None, first, [0, 1], 0, True, world_size=2, timeout_s=120)
     for rank, r in enumerate(started):
         assert r["units"] == ["FSDPBlock"] and r["root"] == "FSDPGPT", f"rank {rank}: {r}"
         assert r["tied"], f"rank {rank}: the output layer lost the embedding's weight"
