@@ -54,3 +54,12 @@ def test_the_gpt_exports_with_a_dynamic_sequence_length_and_matches_eager(gpt_ru
     with pytest.raises(ConfigError, match="a language model's export gives logits per "
                                           "position"):
         predict_exported(written.path)
+
+
+def test_the_command_line_says_it_checked_two_sequence_lengths(gpt_run, tmp_path, capsys):
+    assert main(["export", str(gpt_run), "--format", "pt2", "--out",
+                 str(tmp_path / "gpt.pt2")]) == 0
+    said = capsys.readouterr().out
+    assert "outputs logits); checked against the live model at batch sizes 1 and 7 at two " \
+           "sequence lengths each: logits_max_abs_diff_b1x8" in said, said
+    assert "logits_max_abs_diff_b7x5" in said
