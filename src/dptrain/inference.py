@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ from dptrain.data import ArrayDataset, load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import fetch_batch
 from dptrain.data.normalisation import from_record, renormalised
+from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
+from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.errors import CheckpointError, ConfigError
+from dptrain.generation import generate_text
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import Forecast, calibrated_test
@@ -70,6 +74,8 @@ class TrainedRun:
         self.x_norm, self.y_norm = split.x_norm, split.y_norm
         self._sigma_v = sigma_v
         self._split = split
+        self.vocabulary = split.vocabulary
+        """Token data only: the run's Vocabulary (vocabulary.json)."""
         if kind == "tagi" and split.task == "classification":
             self.hrc = HRCSoftmax(split.num_classes, link=hrc_link)
 
@@ -144,6 +150,21 @@ class TrainedRun:
             pred = split_heteros(mu, var)
             return self._to_data_units(pred.mean, pred.total_var)
         return self._to_data_units(mu, var + self._sigma_v ** 2)
+
+    def generate(self, prompt: str, *, max_new_tokens: int = 200, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int = 0,
+                 report: Callable[[str], None] | None = None) -> str:
+        """A language model's run (--model torch-gpt on text:/tokens:): `prompt` and the
+        `max_new_tokens` tokens it samples after it, as text (`dptrain.generation`); the same
+        `seed` gives the same text. `report` receives the one-line note of a prompt longer
+        than the context (its last block is kept)."""
+        if self.vocabulary is None or not hasattr(self.model, "generate"):
+            raise ConfigError(f"{self.run_dir}: generate is for language models trained on "
+                              f"token data (--model torch-gpt --dataset text:PATH); this run "
+                              f"is {self.model_config.model} on {self.dataset}")
+        return generate_text(self.model, self.vocabulary, self._split.input_shape[0], prompt,
+                             max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_k=top_k, seed=seed, report=report)
 
     @torch.no_grad()
     def forecast(self) -> Forecast:
@@ -243,7 +264,11 @@ def load_run(run_dir: str | Path, *, which: str = "best", ema: bool = True) -> T
         raise CheckpointError(f"{found.path}: holds no learner state")
     seed = record.get("seed", 0)
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
-    split = model_split(model_config, load_split(data_config, seed=seed))
+    # token data: the ids the model was trained on (a fine-tuned run's are its source's)
+    vocabulary = (Vocabulary.load(run_dir / VOCABULARY_FILE)
+                  if (run_dir / VOCABULARY_FILE).is_file() else None)
+    split = model_split(model_config, load_split(data_config, seed=seed,
+                                                 vocabulary=vocabulary))
     kept = found.meta.get("run_record", {}).get("init_normalisation")
     if kept is not None:  # started from another run: trained in that run's input space
         split = renormalised(split, *from_record(kept))

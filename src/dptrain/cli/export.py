@@ -35,8 +35,10 @@ def export_command(args: argparse.Namespace) -> int:
     meta = written.metadata
     checked = ", ".join(f"{k} {v:.3g}" for k, v in meta["checked"].items()
                         if k != "batch_sizes")
+    # a language model's sequence length is dynamic too: checked at two (keys b7x8, b7x5)
+    lengths = " at two sequence lengths each" if meta["outputs"] == ["logits"] else ""
     print(f"dptrain export: {meta['model']} of {args.run_dir} ({meta['checkpoint']}) -> "
           f"{written.path} ({args.format}; outputs {', '.join(meta['outputs'])}); checked "
-          f"against the live model at batch sizes 1 and 7: {checked}; metadata "
+          f"against the live model at batch sizes 1 and 7{lengths}: {checked}; metadata "
           f"{written.path}.json")
     return 0

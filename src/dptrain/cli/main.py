@@ -8,6 +8,7 @@ import sys
 from dptrain._version import __version__
 from dptrain.cli import env as env_cmd
 from dptrain.cli import export as export_cmd
+from dptrain.cli import generate as generate_cmd
 from dptrain.cli import predict as predict_cmd
 from dptrain.cli import run as run_cmd
 from dptrain.cli import train as train_cmd
@@ -20,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "gradient and TAGI learners on torch.distributed.")
     parser.add_argument("--version", action="version", version=f"dptrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (train_cmd, tune_cmd, run_cmd, predict_cmd, export_cmd, env_cmd):
+    for module in (train_cmd, tune_cmd, run_cmd, predict_cmd, generate_cmd, export_cmd,
+                   env_cmd):
         module.add_parser(subparsers)
     return parser
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from dptrain.errors import ConfigError, ExportError
-from dptrain.export.graph import RunGraph, clear_tagi_caches
+from dptrain.export.graph import LOGITS, RunGraph, clear_tagi_caches
 from dptrain.inference import TrainedRun
 
 BATCH_SIZES = (1, 7)
@@ -33,13 +33,18 @@ def require_onnx() -> None:
                           f"'dptrain[export]' ({err.name} is missing)") from None
 
 
+def as_input(x: torch.Tensor, outputs: tuple[str, ...]) -> torch.Tensor:
+    """What the graph takes: token ids as int64 for a language model, else float32."""
+    return x.long() if outputs == LOGITS else x.float()
+
+
 def program_callable(program: torch.export.ExportedProgram, outputs: tuple[str, ...]
                      ) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
     module = program.module()
 
     def run_program(x: torch.Tensor) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            return dict(zip(outputs, module(x.float())))
+            return dict(zip(outputs, module(as_input(x, outputs))))
     return run_program
 
 
@@ -62,7 +67,7 @@ def load_exported(path: str | Path, *, fmt: str | None = None,
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
     def run_session(x: torch.Tensor) -> dict[str, torch.Tensor]:
-        got = session.run(list(outputs), {"x": x.float().numpy()})
+        got = session.run(list(outputs), {"x": as_input(x, outputs).numpy()})
         return {name: torch.from_numpy(value) for name, value in zip(outputs, got)}
     return run_session
 
@@ -75,13 +80,24 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return json.loads(meta.read_text())
 
 
+def _checked_inputs(raw: torch.Tensor, outputs: tuple[str, ...]
+                    ) -> list[tuple[str, str, torch.Tensor]]:
+    """(key, words, inputs) at batch sizes 1 and 7; a language model's at its full context and
+    at a shorter one too (its sequence length is dynamic), keyed "7x5" (batch x length)."""
+    if outputs != LOGITS:
+        return [(str(size), str(size), raw[:size]) for size in BATCH_SIZES]
+    full = raw.shape[1]
+    lengths = sorted({full, max(1, full // 2 + 1)}, reverse=True)
+    return [(f"{size}x{length}", f"{size}, sequence length {length}", raw[:size, :length])
+            for size in BATCH_SIZES for length in lengths]
+
+
 def check(exported: Callable[[torch.Tensor], dict[str, torch.Tensor]], graph: RunGraph,
           run: TrainedRun, raw: torch.Tensor) -> dict[str, float]:
     """Compare `exported` with the live model (module docstring); the largest differences by
     output, or ExportError naming the output and the difference."""
     report: dict[str, float] = {}
-    for size in BATCH_SIZES:
-        x = raw[:size]
+    for size, said, x in _checked_inputs(raw, graph.outputs):
         with torch.no_grad():
             live = dict(zip(graph.outputs, graph(x)))
         clear_tagi_caches(run)
@@ -90,7 +106,7 @@ def check(exported: Callable[[torch.Tensor], dict[str, torch.Tensor]], graph: Ru
             value = got[name].to(expected.dtype)
             if value.shape != expected.shape:
                 raise ExportError(f"export check: output {name} has shape "
-                                  f"{tuple(value.shape)} at batch size {size}, the live "
+                                  f"{tuple(value.shape)} at batch size {said}, the live "
                                   f"model's {tuple(expected.shape)}")
             if name == "probs" and run.kind == "tagi":
                 continue  # judged by the class it picks, below
@@ -98,7 +114,7 @@ def check(exported: Callable[[torch.Tensor], dict[str, torch.Tensor]], graph: Ru
             allowed = RTOL * expected.abs() + ATOL_SCALE * expected.abs().max().clamp_min(1e-12)
             if bool((diff > allowed).any()) or not bool(torch.isfinite(value).all()):
                 raise ExportError(f"export check: output {name} differs from the live model at "
-                                  f"batch size {size}: max |difference| "
+                                  f"batch size {said}: max |difference| "
                                   f"{diff.max().item():.3g} (allowed rtol {RTOL:g}, atol "
                                   f"{allowed.min().item():.3g})")
             report[f"{name}_max_abs_diff_b{size}"] = max(

@@ -13,8 +13,18 @@ from dptrain.inference import TrainedRun
 from dptrain.tagi import base, lstm, split_heteros
 
 
+LOGITS = ("logits",)
+"""A language model's output: logits (batch, seq, vocabulary) for token ids (batch, seq)."""
+
+
+def is_language_model(run: TrainedRun) -> bool:
+    """A run on token data (torch-gpt): ids in, logits per position out."""
+    return run.vocabulary is not None
+
+
 class RunGraph(nn.Module):
-    """Raw inputs -> the run's decoded outputs (module docstring), as plain tensor arithmetic."""
+    """Raw inputs -> the run's decoded outputs (module docstring), as plain tensor arithmetic;
+    a language model: token ids -> logits per position."""
 
     def __init__(self, run: TrainedRun, model: Any | None = None) -> None:
         super().__init__()
@@ -31,6 +41,8 @@ class RunGraph(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         run = self.run[0]
+        if self.outputs == LOGITS:
+            return (self.model(x).float(),)
         x = (x.float() - self.x_mean) / self.x_std
         if run.kind == "torch":
             out = self.model(x).float()
@@ -48,6 +60,8 @@ class RunGraph(nn.Module):
 
 
 def output_names(run: TrainedRun) -> tuple[str, ...]:
+    if is_language_model(run):
+        return LOGITS
     if run.kind == "torch":
         return ("probs",) if run.task == "classification" else ("mean",)
     return ("probs", "mu", "var") if run.task == "classification" else ("mean", "var")

@@ -11,6 +11,7 @@ import torch
 from dptrain.data import load_dataset
 from dptrain.data.config import DataConfig, load_split
 from dptrain.data.loader import fetch_batch
+from dptrain.errors import ConfigError
 from dptrain.export.check import load_exported, read_metadata
 from dptrain.inference import Prediction, class_probabilities
 from dptrain.tagi import HRCSoftmax
@@ -22,6 +23,11 @@ def predict_exported(path: str | Path, spec: str | None = None, part: str = "tes
     part (default: the run's dataset, named in the metadata), decoded as `load_run` decodes
     them; also the metadata."""
     meta = read_metadata(path)
+    if meta["outputs"] == ["logits"]:
+        raise ConfigError(f"{path}: a language model's export gives logits per position, not "
+                          f"a table of predictions: call it through "
+                          f"dptrain.export.load_exported, or sample text from its run with "
+                          f"dptrain generate")
     exported = load_exported(path)
     if spec is not None:
         split = load_dataset(spec)

@@ -30,6 +30,7 @@ from dptrain.export.check import (
     require_onnx,
 )
 from dptrain.export.graph import (
+    LOGITS,
     RunGraph,
     clear_tagi_caches,
     culprit,
@@ -69,6 +70,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
     traced = RunGraph(run, copy.deepcopy(run.model)).eval()
     split = run.load_data()
     raw = raw_inputs_of(split)
+    if graph.outputs == LOGITS and split.test is None:  # text without a test part
+        raw = _windows(split.validation)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
@@ -104,10 +107,25 @@ def raw_inputs_of(split: Any) -> torch.Tensor:
     return split.x_norm.invert(x) if split.x_norm is not None else x
 
 
+def _windows(dataset: Any) -> torch.Tensor:
+    """A language model's check inputs where its data has no test part: validation windows
+    (they choose nothing here)."""
+    return torch.stack([dataset[i][0] for i in range(min(len(dataset), CHECKED_SAMPLES))])
+
+
+def _dynamic_shapes(graph: RunGraph, example: torch.Tensor) -> tuple[dict, ...]:
+    """The batch dimension; for a language model the sequence length too, up to its context
+    (the example's, the longest: the model refuses more)."""
+    batch = torch.export.Dim("batch", min=1)
+    if graph.outputs != LOGITS:
+        return ({0: batch},)
+    return ({0: batch, 1: torch.export.Dim("seq", min=1, max=example.shape[1])},)
+
+
 def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tmp: Path
            ) -> torch.export.ExportedProgram:
     """Write the graph to `tmp`; the exported program (ONNX's is made from one)."""
-    batch = torch.export.Dim("batch", min=1)
+    dynamic = _dynamic_shapes(graph, example)
     clear_tagi_caches(run, graph)
     with torch.no_grad():
         graph(example)  # fills the TAGI engine's constant caches with real tensors first
@@ -120,13 +138,13 @@ def _write(graph: RunGraph, run: TrainedRun, example: torch.Tensor, fmt: str, tm
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")  # torch's and onnxscript's deprecations
             if fmt == "pt2":
-                program = torch.export.export(graph, (example,), dynamic_shapes=({0: batch},))
+                program = torch.export.export(graph, (example,), dynamic_shapes=dynamic)
                 torch.export.save(program, tmp)
                 return program
             else:
                 require_onnx()
                 onnx_program = torch.onnx.export(
-                    graph, (example,), dynamo=True, dynamic_shapes=({0: batch},),
+                    graph, (example,), dynamo=True, dynamic_shapes=dynamic,
                     input_names=["x"], output_names=list(graph.outputs), verbose=False)
                 onnx_program.save(str(tmp))
                 return onnx_program.exported_program
@@ -163,11 +181,16 @@ def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
               checks: dict[str, float]) -> dict[str, Any]:
     weights = run.model.state_dict()
     split = run.load_data()
+    language_model = outputs == LOGITS
+    inputs = {"shape": ["batch", "seq"], "dtype": "int64", "max_seq": split.input_shape[0],
+              "units": "token ids of the vocabulary below"} if language_model else \
+        {"shape": ["batch", *split.input_shape], "dtype": "float32",
+         "units": "raw (the data's own)"}
     return {
-        "format": fmt, "inputs": {"x": {"shape": ["batch", *split.input_shape],
-                                        "dtype": "float32", "units": "raw (the data's own)"}},
+        "format": fmt, "inputs": {"x": inputs},
         "outputs": list(outputs), "task": run.task, "kind": run.kind,
-        "class_names": class_names(split),
+        "class_names": None if language_model else class_names(split),
+        "vocabulary": run.vocabulary.to_json() if language_model else None,
         "input_shape": list(split.input_shape),
         "normalisation": as_record(run.x_norm, run.y_norm),
         "probability_rule": ("hierarchical softmax of the output moments (docs/"

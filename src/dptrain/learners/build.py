@@ -181,9 +181,22 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
         refuse_torch_options(learner_config, model_config.model)
         return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
     _refuse_missing_targets(split, model_config.model, dataset or split.name)
+    if learner_config.activation_checkpointing:
+        checkpoint_blocks(model, model_config.model)
     schedule = lr_schedule(learner_config, len(split.train), run)
     return torch_learner(model, learner_config, split.task, model_config.precision,
                          schedule=schedule)
+
+
+def checkpoint_blocks(model: nn.Module, name: str) -> None:
+    """--activation-checkpointing: the model recomputes each block in the backward. A model
+    says it can with an `activation_checkpointing` attribute it honours in its forward and its
+    blocks from `shard_units()` (torch-gpt; a model file's module may too)."""
+    if not (hasattr(model, "activation_checkpointing") and hasattr(model, "shard_units")):
+        raise ConfigError(f"--activation-checkpointing: recomputes a model's blocks; {name} "
+                          f"has none (torch-gpt has; a model of your own declares them with "
+                          f"shard_units() and an activation_checkpointing attribute)")
+    model.activation_checkpointing = True
 
 
 def _refuse_missing_targets(split: Split, model: str, dataset: str) -> None:

@@ -213,6 +213,10 @@ class LearnerConfig:
     """Torch models: ddp (replicated) or fsdp (FSDP2 fully_shard, sharded checkpoints)."""
     accumulation_steps: int = 1
     """Torch models: micro-batches per optimiser step (one all-reduce per step)."""
+    activation_checkpointing: bool = field(default=False, metadata=resumable())
+    """Models with blocks (torch-gpt): keep no activations inside each block in the forward
+    and recompute them in the backward (torch.utils.checkpoint, non-reentrant): less memory
+    for about a third more compute, the same gradients."""
 
     def __post_init__(self) -> None:
         if self.strategy not in ("ddp", "fsdp"):
@@ -230,7 +234,8 @@ class LearnerConfig:
 
 TORCH_ONLY = ("lr_scaling", "optimizer", "momentum", "nesterov", "betas", "weight_decay",
               "decay_norm_and_bias", "clip_grad_norm", "schedule", "warmup", "min_lr",
-              "milestones", "label_smoothing", "ema", "mixup", "cutmix")
+              "milestones", "label_smoothing", "ema", "mixup", "cutmix",
+              "activation_checkpointing")
 """Learner options a TAGI model has no use for (it has no learning rate); given one, a TAGI
 run is refused rather than trained without it."""
 

@@ -272,11 +272,14 @@ class TorchLearner:
         with torch.no_grad():
             broadcast_tensors([*module.parameters(), *module.buffers()])
         mesh = init_device_mesh(self.device.type, (get_world_size(),))
-        # One FSDP unit per child with parameters: each all-gathers just before it runs and
-        # frees after, so peak memory holds one unsharded child rather than the whole model.
-        for child in module.children():
-            if any(True for _ in child.parameters()):
-                fully_shard(child, mesh=mesh)
+        # One FSDP unit per child with parameters (or per unit the model names: a GPT's
+        # blocks): each all-gathers just before it runs and frees after, so peak memory holds
+        # one unsharded unit rather than the whole model. What no unit holds (a GPT's
+        # embeddings and the output layer tied to them) is the root's.
+        units = module.shard_units() if hasattr(module, "shard_units") else \
+            [c for c in module.children() if any(True for _ in c.parameters())]
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
         fully_shard(module, mesh=mesh)
         return module
 

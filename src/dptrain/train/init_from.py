@@ -27,6 +27,8 @@ from torch import nn
 
 from dptrain.data import Split
 from dptrain.data.config import DataConfig, load_split
+from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
+from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.data.normalisation import as_record, from_record, renormalised
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.fingerprint import params_sha256
@@ -70,6 +72,9 @@ class Source:
     weights: dict[str, torch.Tensor]
     normalisation: dict[str, Any]
     """The source's input (and regression target) normalisation (`data.normalisation`)."""
+    vocabulary: Vocabulary | None = None
+    """A language model's (its run's vocabulary.json): the ids the new text must be encoded
+    with, so that every id means what it meant to the source."""
 
     @property
     def params_sha256(self) -> str:
@@ -115,7 +120,15 @@ def resolve(spec: str) -> Source:
         raise CheckpointError(f"--init-from {spec}: {found.path} holds no model weights")
     return Source(spec=spec, checkpoint=found.path, step=found.step, kind=kind,
                   model=options.get("model", "?"), weights=weights,
-                  normalisation=source_normalisation(found.meta, options))
+                  normalisation=source_normalisation(found.meta, options),
+                  vocabulary=source_vocabulary(found.path))
+
+
+def source_vocabulary(checkpoint: Path) -> Vocabulary | None:
+    """The vocabulary of the run that wrote `checkpoint` (RUN/checkpoints/NAME), if it has
+    one: a language model's."""
+    path = checkpoint.parent.parent / VOCABULARY_FILE
+    return Vocabulary.load(path) if path.is_file() else None
 
 
 def source_normalisation(meta: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +137,8 @@ def source_normalisation(meta: dict[str, Any], options: dict[str, Any]) -> dict[
     kept = (meta.get("run_record") or {}).get("init_normalisation")
     if kept is not None:
         return kept
+    if options.get("dataset", "").partition(":")[0] in ("text", "tokens"):
+        return as_record(None, None)  # token ids: nothing to normalise (and no text to read)
     data = dataclasses.replace(pick(DataConfig, options), augment="off")
     split = load_split(data, seed=options.get("seed", 0))
     return as_record(split.x_norm, split.y_norm)

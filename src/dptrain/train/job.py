@@ -77,9 +77,12 @@ def agreed_run_dir(options: TrainOptions, started_at: float) -> str:
     return broadcast_object(run_dir(options, stamp(started_at)) if get_rank() == 0 else None)
 
 
-def load_job_split(options: TrainOptions) -> Split:
+def load_job_split(options: TrainOptions, source: init_from.Source | None = None) -> Split:
+    """The run's data; started from a language model (`source`), in its vocabulary."""
+    vocabulary = source.vocabulary if source is not None else None
     return model_split(options.part(ModelConfig), load_split(options.part(DataConfig),
-                                                             seed=options.seed))
+                                                             seed=options.seed,
+                                                             vocabulary=vocabulary))
 
 
 def resumed_options(options: TrainOptions) -> TrainOptions:
@@ -95,9 +98,10 @@ def preflight(options: TrainOptions) -> None:
     """Load the data and build the model once, so that bad input fails before workers start;
     an unknown --monitor too."""
     options = resumed_options(options)
+    source = init_from.resolve(options.init_from) if options.init_from else None
     with silenced("dptrain.data.datasets.series"):
         # a left-out or constant series is named once, by the workers' rank 0
-        split = load_job_split(options)
+        split = load_job_split(options, source)
     model, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
                                dataset=options.dataset)
     if kind == "tagi":
@@ -107,7 +111,6 @@ def preflight(options: TrainOptions) -> None:
         mixing(options, split)
     check_monitor(options, split)
     if options.init_from or options.freeze:  # a bad source or prefix, before workers start
-        source = init_from.resolve(options.init_from) if options.init_from else None
         if source is not None:
             init_from.source_space(split, source)
         init_from.initialise(model, kind, source, options.part(init_from.InitOptions))
@@ -254,8 +257,8 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         # node holds its checkpoints: decided before its data is split.
         options = as_saved(options, resume.any_saved_record(
             Path(options.out) / "checkpoints", runtime.env.local_rank))
-    split = load_job_split(options)
     source = init_from.resolve(options.init_from) if options.init_from else None
+    split = load_job_split(options, source)
     if source is not None:
         split = init_from.source_space(split, source)
     check_same_files(split)
