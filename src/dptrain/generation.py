@@ -67,5 +67,5 @@ def generate_text(model: Any, vocabulary: Any, block_size: int, prompt: str, *,
     ids = ids.to(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                         generator=generator)
+                         generator=generator, never=vocabulary.unknown_id)
     return prompt + vocabulary.decode(out[0, ids.shape[1]:])

@@ -33,3 +33,8 @@ def test_generate_prints_the_same_text_for_a_seed_and_refuses_a_bad_prompt(tmp_p
     assert bad.returncode != 0 and bad.stdout == ""
     assert bad.stderr == ("dptrain generate: error: --prompt: the character 'B' at position 3 "
                           "is not in the run's vocabulary of 17 characters\n")
+
+    table = run(dptrain_cmd("predict", str(out), "--out", str(tmp_path / "p.csv")),
+                timeout_s=120)
+    assert table.returncode == 2 and len(table.stderr.splitlines()) == 1
+    assert "torch-gpt is a language model" in table.stderr and "dptrain generate" in table.stderr

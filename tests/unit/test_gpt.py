@@ -236,3 +236,15 @@ def test_a_model_file_is_sized_with_token_ids_and_may_answer_every_position(tmp_
     learner.setup(_runtime())
     metrics = learner.train_step((_ids(4, 8), _ids(4, 8, seed=1)))
     assert metrics["loss"][1] == 32
+
+
+def test_generation_never_draws_the_unknown_id():
+    torch.manual_seed(0)
+    model = GPT(SMALL)
+    with torch.no_grad():  # make the unknown id (the last) the likeliest by far
+        model.token_embedding.weight[-1] *= 50
+    free = model.generate(_ids(1, 3), 40, generator=torch.Generator().manual_seed(0))
+    assert (free[:, 3:] == SMALL.vocab_size - 1).any()  # the test can see it drawn
+    banned = model.generate(_ids(1, 3), 40, generator=torch.Generator().manual_seed(0),
+                            never=SMALL.vocab_size - 1)
+    assert not (banned[:, 3:] == SMALL.vocab_size - 1).any()

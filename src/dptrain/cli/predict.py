@@ -6,6 +6,7 @@ import argparse
 
 from typing import Any
 
+from dptrain.errors import ConfigError
 from dptrain.inference import TrainedRun, load_run, write_forecast, write_predictions
 
 
@@ -34,6 +35,11 @@ def predict_command(args: argparse.Namespace) -> int:
     if args.run_dir.endswith((".pt2", ".onnx")):
         return exported_command(args)
     run = load_run(args.run_dir, which=args.checkpoint)
+    if run.vocabulary is not None:
+        raise ConfigError(f"{args.run_dir}: {run.model_config.model} is a language model, which "
+                          f"predicts a token at every position, more than predict's one row "
+                          f"per sample holds: use dptrain generate (text) or dptrain export "
+                          f"(the probabilities)")
     series = run.load_data().series
     # a torch model gives no variance to feed back: its windows are predicted one by one
     if series is not None and run.kind == "tagi" and args.data is None and args.part == "test":

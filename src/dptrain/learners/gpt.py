@@ -141,15 +141,18 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
+                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 never: int | None = None) -> torch.Tensor:
         """`ids` (B, T) continued by `max_new_tokens` sampled tokens, each conditioned on the
-        last `block_size` tokens; temperature 0 takes the most likely token."""
+        last `block_size` tokens; temperature 0 takes the most likely token. `never`: an id
+        that is not drawn (a vocabulary's unknown id, which stands for no character)."""
         was_training = self.training
         self.eval()
         try:
             for _ in range(max_new_tokens):
                 logits = self(ids[:, -self.config.block_size:])[:, -1, :].float()
+                if never is not None:
+                    logits[:, never] = float("-inf")
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1, keepdim=True)
                 else:
