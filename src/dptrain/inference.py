@@ -89,6 +89,8 @@ class TrainedRun:
     # ---------------------------------------------------------------------------- predicting
     def normalise(self, raw: torch.Tensor) -> torch.Tensor:
         raw = torch.as_tensor(raw)
+        if self.x_norm is None and not raw.is_floating_point():
+            return raw  # token ids: an embedding takes them as they are
         return (self.x_norm.apply(raw.float()) if self.x_norm is not None else raw).float()
 
     @torch.no_grad()

@@ -248,3 +248,10 @@ def test_generation_never_draws_the_unknown_id():
     banned = model.generate(_ids(1, 3), 40, generator=torch.Generator().manual_seed(0),
                             never=SMALL.vocab_size - 1)
     assert not (banned[:, 3:] == SMALL.vocab_size - 1).any()
+
+
+def test_mixup_of_token_ids_is_refused_in_one_line():
+    vocabulary = Vocabulary(kind="char", size=11, tokens=tuple("abcdefghij"))
+    with pytest.raises(ConfigError, match="integer ids \\(tokens\\), which cannot be blended"):
+        create_learner(ModelConfig(model="torch-gpt", width=8, layers=1, heads=2),
+                       LearnerConfig(mixup=0.2), _token_split(vocabulary), seed=0)
