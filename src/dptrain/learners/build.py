@@ -181,16 +181,13 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
         refuse_torch_options(learner_config, model_config.model)
         return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
     _refuse_missing_targets(split, model_config.model, dataset or split.name)
-<<<<<<< ours
     if learner_config.activation_checkpointing:
         checkpoint_blocks(model, model_config.model)
-=======
     if (learner_config.mixup or learner_config.cutmix) \
             and not input_dtype(split).is_floating_point:
         raise ConfigError(f"dataset {dataset or split.name}: --mixup and --cutmix blend "
                           f"inputs, and its inputs are integer ids (tokens), which cannot be "
                           f"blended")
->>>>>>> theirs
     schedule = lr_schedule(learner_config, len(split.train), run)
     return torch_learner(model, learner_config, split.task, model_config.precision,
                          schedule=schedule)
