@@ -130,3 +130,10 @@ def test_rmsnorm_forward_replays_cutagi_main_and_its_gamma_deltas_lack_v(monkeyp
                                case["step0/1.delta_mu_w"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose((gamma.delta_var_w / gamma.var_w ** 2).numpy(),
                                case["step0/1.delta_var_w"], rtol=1e-5, atol=1e-7)
+
+
+def test_native_step_declines_networks_with_the_transformer_layers():
+    from dptrain.tagi.native import NotNative, check_network
+    net = Sequential(Linear(3, 16), MultiheadAttention(4, 2), RMSNorm(4), Linear(16, 2))
+    with pytest.raises(NotNative, match="not MultiheadAttention, RMSNorm"):
+        check_network(net)

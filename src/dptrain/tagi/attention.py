@@ -1,5 +1,5 @@
 """Causal multi-head self-attention with grouped key/value heads and RoPE (docs/tagi.md,
-MultiheadAttention), cuTAGI main's layer on torch tensors.
+MultiheadAttention and RMSNorm), cuTAGI main's layer on torch tensors.
 
 Shape legend: B batch, T positions, E `embed_dim`, H `num_heads`, G `num_kv_heads` (H/G query
 heads share one key/value head), D = E/H head size, P = (H + 2G)·D projected features.
@@ -45,7 +45,7 @@ def split_qkv(mu_p: torch.Tensor, var_p: torch.Tensor, batch: int, steps: int, h
     """(B·T, P) projection → q (B, H, T, D), k and v (B, G, T, D), (mean, variance) each.
 
     cuTAGI main reads its projection buffer with the strides of a (3, B, T, E) array instead
-    (docs/tagi.md, Departures from cuTAGI main); its parity test swaps that reading in here."""
+    (docs/tagi.md, MultiheadAttention and RMSNorm)."""
     sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
     out = []
     for mu, var in zip(mu_p.split(sizes, 1), var_p.split(sizes, 1)):

@@ -1,5 +1,5 @@
-"""RMSNorm: scale each position's features by the root mean square of their means (docs/tagi.md,
-RMSNorm), cuTAGI main's layer (no bias, no centring).
+"""RMSNorm: scale each position's features by the root mean square of their means
+(docs/tagi.md, MultiheadAttention and RMSNorm), cuTAGI main's layer (no bias, no centring).
 
 Shape legend: B batch, E `normalized_shape` (features), R rows = positions normalised on their
 own. A state (B, E), (B, T, E) or cuTAGI's flat (B, T·E) is read as R = B·T rows of E values::
@@ -26,8 +26,8 @@ def rms_variance(mu_a: torch.Tensor, var_a: torch.Tensor | None, r: torch.Tensor
                  mu_w: torch.Tensor, var_w: torch.Tensor) -> torch.Tensor:
     """v_Z of `m_A r γ` with independent A and γ: r² (v_A (m_γ² + v_γ) + v_γ m_A²).
 
-    cuTAGI main multiplies this by one more v_A (docs/tagi.md, Departures from cuTAGI main);
-    its parity test swaps that form in here to replay the recorded numbers."""
+    cuTAGI main multiplies this by one more v_A (docs/tagi.md, MultiheadAttention and
+    RMSNorm); its parity test swaps that form in here to replay the recorded forward."""
     var_z = (mu_a * mu_a).mul_(var_w)
     if var_a is not None:
         var_z.add_(var_a * (mu_w * mu_w + var_w))
