@@ -62,6 +62,10 @@ float-coded values, N per sample). A time series seen one step per call runs thr
 layers and an `SLinear` head; after a pass, `net.smoother()` returns the smoothed outputs
 (docs/tagi.md, SLSTM and the smoother).
 
+Transformers: `MultiheadAttention(embed_dim, num_heads, num_kv_heads)` (causal, RoPE, grouped
+key/value heads) and `RMSNorm(embed_dim)` take sequences as `Embedding` outputs them, (B, T·E)
+(docs/tagi.md, MultiheadAttention and RMSNorm).
+
 Classification heads with one-hot observations (`updater.update`) end in `Remax`,
 `ClosedFormSoftmax` or `Softmax` (per sample; docs/tagi.md, Softmax).
 
@@ -80,6 +84,7 @@ from __future__ import annotations
 import importlib
 
 from dptrain.tagi._rng import manual_seed
+from dptrain.tagi.attention import MultiheadAttention
 from dptrain.tagi.activations import EvenExp, LeakyReLU, ReLU, Sigmoid, Softplus, Tanh
 from dptrain.tagi.base import Layer, ParamLayer, cap_factor
 from dptrain.tagi.blocks import LayerBlock, Parallel, ResNetBlock
@@ -95,6 +100,7 @@ from dptrain.tagi.output_updater import OutputUpdater
 from dptrain.tagi.pooling import AvgPool2d, MaxPool2d
 from dptrain.tagi.predictive import HeteroscedasticPrediction, split_heteros
 from dptrain.tagi.remax import Remax
+from dptrain.tagi.rmsnorm import RMSNorm
 from dptrain.tagi.sequential import Sequential
 from dptrain.tagi.slstm import SLSTM, SLinear
 from dptrain.tagi.softmax import ClosedFormSoftmax, Softmax
@@ -141,9 +147,11 @@ __all__ = [
     "MixtureReLU",
     "MixtureSigmoid",
     "MixtureTanh",
+    "MultiheadAttention",
     "OutputUpdater",
     "Parallel",
     "ParamLayer",
+    "RMSNorm",
     "ReLU",
     "Remax",
     "ResNetBlock",

@@ -14,8 +14,9 @@ from dptrain.pytagi.nn.sequential import Sequential
 from dptrain.pytagi.tagi_utils import HRCSoftmax
 from dptrain.tagi import (LSTM, SLSTM, AvgPool2d, BatchNorm2d, ClosedFormSoftmax, Conv2d,
                           ConvTranspose2d, Embedding, EvenExp, LayerBlock, LayerNorm, LeakyReLU,
-                          Linear, MaxPool2d, MixtureReLU, MixtureSigmoid, MixtureTanh, ReLU, Remax,
-                          ResNetBlock, Sigmoid, SLinear, Softmax, Softplus, Tanh)
+                          Linear, MaxPool2d, MixtureReLU, MixtureSigmoid, MixtureTanh,
+                          MultiheadAttention, ReLU, Remax, ResNetBlock, RMSNorm, Sigmoid,
+                          SLinear, Softmax, Softplus, Tanh)
 from dptrain.tagi.base import Layer as BaseLayer
 from dptrain.tagi.states import DeltaStates as BaseDeltaStates
 from dptrain.tagi.states import HiddenStates as BaseHiddenStates
@@ -23,6 +24,6 @@ from dptrain.tagi.states import HiddenStates as BaseHiddenStates
 __all__ = ["AvgPool2d", "BaseDeltaStates", "BaseHiddenStates", "BaseLayer", "BatchNorm2d",
            "ClosedFormSoftmax", "Conv2d", "ConvTranspose2d", "DDPConfig", "DDPSequential",
            "Embedding", "EvenExp", "HRCSoftmax", "LSTM", "LayerBlock", "LayerNorm", "LeakyReLU",
-           "Linear", "MaxPool2d", "MixtureReLU", "MixtureSigmoid", "MixtureTanh", "OutputUpdater",
-           "ReLU", "Remax", "ResNetBlock", "SLSTM", "SLinear", "Sequential", "Sigmoid", "Softmax",
-           "Softplus", "Tanh"]
+           "Linear", "MaxPool2d", "MixtureReLU", "MixtureSigmoid", "MixtureTanh",
+           "MultiheadAttention", "OutputUpdater", "RMSNorm", "ReLU", "Remax",
+           "ResNetBlock", "SLSTM", "SLinear", "Sequential", "Sigmoid", "Softmax", "Softplus", "Tanh"]
