@@ -40,7 +40,7 @@ from dptrain.runtime import (
 )
 from dptrain.runtime.env import SINGLE
 from dptrain.runtime.job import RUN_LABEL_ENV, launcher_start_time, stamp
-from dptrain.errors import ConfigError, DataError
+from dptrain.errors import AfterTrainingFailed, ConfigError, DataError
 from dptrain.learners.build import (
     RunLength,
     create_learner,
@@ -277,6 +277,10 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     if "peak_lr" in config.record:
         rank_zero_print(f"learning rate: {optimizer_line(options, config.record['peak_lr'])}")
     summary = Trainer(learner, split, config, runtime).fit()
+    if summary.get("failed_after_training"):  # the run is whole; what came after it is not
+        raise AfterTrainingFailed(
+            f"training ended and its checkpoints are whole in {options.out}, but after it "
+            f"{summary['failed_after_training']} (summary.json: failed_after_training)")
     rank_zero_print(f"done: {headline(summary, split.task)} after {run_extent(summary)}, "
                     f"{chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s"
                     f"{token_rates(summary)}, {summary['wall_time_s']:.1f} s\n"
