@@ -170,18 +170,64 @@ def forecast_test(predict: PredictMoments, series: SeriesData) -> Forecast:
     return forecast_part(predict, series, series.val_end, series.values.shape[1])
 
 
+MIN_SCALE_VALUES = 48
+"""Observed validation values a series needs to vote on the variance scale (two days of an
+hourly series): fewer, at the lead times of a recursive forecast, are too few and too
+correlated to estimate its spread."""
+
+CHI2_1_MEDIAN = 0.4549364231195724
+"""The median of a χ² variable of one degree of freedom: of z² for z standard normal."""
+
+
+@dataclass(frozen=True)
+class VarianceScale:
+    """The forecast variance's scale c chosen on validation, how (`rule`: "per-series median",
+    "fallback: ..." or "none"), and the pooled mean of z² beside it (what one odd series moves)."""
+
+    scale: float
+    rule: str
+    pooled: float
+
+
 def variance_scale(predict: PredictMoments, series: SeriesData) -> float:
-    """The scale c of the forecast's variance chosen on the validation part: c = mean of
-    (y − m)² / v over its observed values forecast as the test part is (`validation_leads`),
-    the c that maximises the log-likelihood of N(m, c·v) there. 1 when the validation part
-    has no observed value. The test part never enters it."""
+    """The scale c of the forecast's variance chosen on the validation part (see
+    `choose_variance_scale`)."""
+    return choose_variance_scale(predict, series).scale
+
+
+def choose_variance_scale(predict: PredictMoments, series: SeriesData) -> VarianceScale:
+    """The scale c of the forecast's variance chosen on the validation part, its values
+    forecast as the test part is (`validation_leads`), z = (y − m)/√v. Each series with at
+    least `MIN_SCALE_VALUES` observed values there proposes its own c_s = mean z² (the c that
+    maximises its log-likelihood under N(m, c·v)), and c is their median: scale-free and
+    balanced over the series, so one odd series (a level shift, a meter that wakes up) cannot
+    set every series' interval (one series: its own c_s, from however many values). When no
+    series of several has that many (a validation part of 24 steps),
+    c = median of all z² / median of χ²₁, the robust pooled rule, said in one warning line.
+    1 when the validation part has no observed value. The test part never enters it."""
     if series.val_end <= series.train_end:
-        return 1.0
+        return VarianceScale(1.0, "none", 1.0)
     y, m, v = validation_leads(predict, series)
     seen = torch.isfinite(y) & torch.isfinite(m) & torch.isfinite(v)
     if not seen.any():
-        return 1.0
-    return (((y - m) ** 2 / v)[seen]).mean().item()
+        return VarianceScale(1.0, "none", 1.0)
+    z2 = torch.where(seen, (y - m) ** 2 / v, 0.0).double()
+    pooled = z2[seen].mean().item()
+    count = seen.sum(1)
+    voters = count >= MIN_SCALE_VALUES
+    if len(count) == 1:  # one series: its own mean z², however few its values
+        voters = count > 0
+    if voters.any():
+        per_series = z2[voters].sum(1) / count[voters]
+        return VarianceScale(per_series.median().item(), "per-series median", pooled)
+    scale = z2[seen].median().item() / CHI2_1_MEDIAN
+    rule = (f"fallback: {int(count.max())} validation value(s) per series < "
+            f"{MIN_SCALE_VALUES}, median z² / median χ²₁")
+    if get_rank() == 0:
+        log.warning("forecast variance scale: the validation part is too short to choose it "
+                    "series by series (%s); %.3g by the robust pooled rule (mean z² %.3g)",
+                    rule.removeprefix("fallback: "), scale, pooled)
+    return VarianceScale(scale, rule, pooled)
 
 
 def validation_leads(predict: PredictMoments, series: SeriesData
@@ -222,9 +268,16 @@ def validation_leads(predict: PredictMoments, series: SeriesData
 def calibrated_test(predict: PredictMoments, series: SeriesData) -> tuple[Forecast, float]:
     """The test part's forecast with its variance scaled by `variance_scale`, and the scale:
     what summary.json, forecast.png and `dptrain predict` report."""
-    scale = variance_scale(predict, series)
+    forecast, chosen = calibrated_test_chosen(predict, series)
+    return forecast, chosen.scale
+
+
+def calibrated_test_chosen(predict: PredictMoments, series: SeriesData
+                           ) -> tuple[Forecast, VarianceScale]:
+    """`calibrated_test` with how its scale was chosen."""
+    chosen = choose_variance_scale(predict, series)
     forecast = forecast_test(predict, series)
-    return dataclasses.replace(forecast, var=forecast.var * scale), scale
+    return dataclasses.replace(forecast, var=forecast.var * chosen.scale), chosen
 
 
 # ------------------------------------------------------------------ the seasonal naive baseline
@@ -321,7 +374,7 @@ def forecast_report(predict: PredictMoments, series: SeriesData, out_dir: Path |
     per origin), the seasons (`forecast_season`: m of mase_seasonal; `forecast_naive_season`:
     the naive forecast's) and the variance scale chosen on validation
     (`forecast_variance_scale`); with `out_dir` (rank 0) also forecast.png."""
-    forecast, scale = calibrated_test(predict, series)
+    forecast, chosen = calibrated_test_chosen(predict, series)
     naive, season = naive_test(series)
     forecast, failed = _without_broken(forecast, series)
     if failed:  # the others' metrics stand; the naive is scored on the same series
@@ -336,7 +389,9 @@ def forecast_report(predict: PredictMoments, series: SeriesData, out_dir: Path |
         report["forecast_failed_series"] = failed
     report.update(forecast_every=series.forecast_every or forecast.mean.shape[1],
                   forecast_season=series.seasons[0], forecast_naive_season=season,
-                  forecast_variance_scale=scale)
+                  forecast_variance_scale=chosen.scale,
+                  forecast_variance_scale_rule=chosen.rule,
+                  forecast_variance_scale_pooled=chosen.pooled)
     return report
 
 
