@@ -126,6 +126,9 @@ def test_the_report_puts_the_naive_beside_every_metric_and_in_the_final_line(tmp
     assert f"ND {report['forecast_nd']:.3f} (seasonal naive " \
            f"{report['forecast_nd_naive']:.3f})" in line
     assert f"3σ {100 * report['forecast_coverage_3sigma']:.1f} %" in line.split("forecast")[-1]
+    assert (f"log-likelihood {report['forecast_log_likelihood']:.4g} (seasonal naive "
+            f"{report['forecast_log_likelihood_naive']:.4g}, 2σ "
+            f"{100 * report['forecast_coverage_2sigma_naive']:.1f} %)") in line
 
 
 def test_the_variance_scale_is_chosen_on_validation_never_on_test():

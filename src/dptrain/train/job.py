@@ -383,4 +383,9 @@ def headline(summary: dict[str, Any], task: str) -> str:
                   f"{summary['forecast_nd']:.3f}{versus}, MASE {summary['forecast_mase']:.3f}, "
                   f"interval coverage 1σ {pct('forecast_coverage_1sigma')} / 2σ "
                   f"{pct('forecast_coverage_2sigma')} / 3σ {pct('forecast_coverage_3sigma')}")
+        if summary.get("forecast_log_likelihood") is not None:
+            shown += f", log-likelihood {summary['forecast_log_likelihood']:.4g}"
+        if summary.get("forecast_log_likelihood_naive") is not None:
+            shown += (f" (seasonal naive {summary['forecast_log_likelihood_naive']:.4g}, 2σ "
+                      f"{pct('forecast_coverage_2sigma_naive')})")
     return shown
