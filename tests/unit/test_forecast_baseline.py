@@ -234,12 +234,12 @@ def test_a_file_of_empty_series_is_one_line(tmp_path):
         load_split(DataConfig(dataset=f"series:{path}", lookback=3), seed=0)
 
 
-@pytest.mark.parametrize("val_days, rule", [(4, "per-series median"), (1, "fallback")])
+@pytest.mark.parametrize("val_days, rule", [(4, "per-series mean"), (1, "fallback")])
 def test_one_odd_series_cannot_set_every_series_variance_scale(val_days, rule, caplog):
     """Eight daily-cycle series, one of them tripled from its validation part on (a level
-    shift): the pooled mean z² follows that one series, the scale chosen (the per-series
-    median; with a validation part of 24 steps, the robust pooled fallback, said in one line
-    and in the report) stays near the others' 4."""
+    shift): the pooled mean z² follows that one series, the scale chosen (the mean of the
+    per-series scales, each at most 4 times their median; with a validation part of 24 steps, the robust pooled fallback, said in one line
+    and in the report) stays within 1 + 3/8 of the others' 4."""
     t = np.arange(24 * 20, dtype=np.float64)
     rng = np.random.default_rng(0)
     values = np.stack([10 + np.sin(2 * np.pi * t / 24 + s) + rng.normal(0, 0.5, len(t))
@@ -258,7 +258,7 @@ def test_one_odd_series_cannot_set_every_series_variance_scale(val_days, rule, c
     with caplog.at_level(logging.WARNING, logger="dptrain.learners.forecast"):
         report = forecast_report(yesterday, series, None)
     assert report["forecast_variance_scale_rule"].startswith(rule)
-    assert report["forecast_variance_scale"] == pytest.approx(4.0, rel=0.5)
+    assert 2.0 < report["forecast_variance_scale"] < 4.0 * (1 + 3 / 8) * 1.3
     assert report["forecast_variance_scale_pooled"] > 3 * report["forecast_variance_scale"]
     said = [r for r in caplog.records if "too short" in r.getMessage()]
     assert len(said) == (rule == "fallback")

@@ -175,13 +175,18 @@ MIN_SCALE_VALUES = 48
 hourly series): fewer, at the lead times of a recursive forecast, are too few and too
 correlated to estimate its spread."""
 
+ODD_SERIES_BOUND = 4.0
+"""A series' own variance scale counts at most this many times the median of all series':
+one odd series moves the scale of S series by at most a factor 1 + 3/S."""
+
 CHI2_1_MEDIAN = 0.4549364231195724
 """The median of a χ² variable of one degree of freedom: of z² for z standard normal."""
 
 
 @dataclass(frozen=True)
 class VarianceScale:
-    """The forecast variance's scale c chosen on validation, how (`rule`: "per-series median",
+    """The forecast variance's scale c chosen on validation, how (`rule`: "per-series mean,
+    bounded",
     "fallback: ..." or "none"), and the pooled mean of z² beside it (what one odd series moves)."""
 
     scale: float
@@ -199,9 +204,9 @@ def choose_variance_scale(predict: PredictMoments, series: SeriesData) -> Varian
     """The scale c of the forecast's variance chosen on the validation part, its values
     forecast as the test part is (`validation_leads`), z = (y − m)/√v. Each series with at
     least `MIN_SCALE_VALUES` observed values there proposes its own c_s = mean z² (the c that
-    maximises its log-likelihood under N(m, c·v)), and c is their median: scale-free and
-    balanced over the series, so one odd series (a level shift, a meter that wakes up) cannot
-    set every series' interval (one series: its own c_s, from however many values). When no
+    maximises its log-likelihood under N(m, c·v)), and c is their mean, each c_s bounded by
+    `ODD_SERIES_BOUND` times their median: scale-free and balanced over the series, so one
+    odd series (a level shift, a meter that wakes up) cannot set every series' interval (one series: its own c_s, from however many values). When no
     series of several has that many (a validation part of 24 steps),
     c = median of all z² / median of χ²₁, the robust pooled rule, said in one warning line.
     1 when the validation part has no observed value. The test part never enters it."""
@@ -219,7 +224,8 @@ def choose_variance_scale(predict: PredictMoments, series: SeriesData) -> Varian
         voters = count > 0
     if voters.any():
         per_series = z2[voters].sum(1) / count[voters]
-        return VarianceScale(per_series.median().item(), "per-series median", pooled)
+        bounded = per_series.clamp_max(ODD_SERIES_BOUND * per_series.median())
+        return VarianceScale(bounded.mean().item(), "per-series mean, bounded", pooled)
     scale = z2[seen].median().item() / CHI2_1_MEDIAN
     rule = (f"fallback: {int(count.max())} validation value(s) per series < "
             f"{MIN_SCALE_VALUES}, median z² / median χ²₁")
