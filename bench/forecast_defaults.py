@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -29,11 +30,12 @@ from _machine import command_line, cpu_model  # noqa: E402
 from dptrain.data.config import DataConfig, load_split  # noqa: E402
 from dptrain.runtime import Runtime  # noqa: E402
 from dptrain.runtime.env import SINGLE  # noqa: E402
-from dptrain.learners.build import create_learner, model_defaults  # noqa: E402
+from dptrain.learners.build import create_learner, model_defaults, model_split  # noqa: E402
 from dptrain.learners.config import LearnerConfig, ModelConfig  # noqa: E402
 from dptrain.learners.forecast import (  # noqa: E402
     calibrated_test,
     forecast_metrics,
+    forecast_report,
     forecast_test,
     naive_test,
 )
@@ -77,6 +79,84 @@ def run(dataset: str, lookback: int, horizon: int, every: int, features: str, ep
             "train_seconds": round(time.perf_counter() - started, 1)}
 
 
+MULTI_SERIES = 30
+"""Meters in the multi-series case: kept small for speed; the shape of the trouble is what
+matters (issue 39)."""
+
+
+def load_csv(path: Path, *, troubled: bool, num_series: int = MULTI_SERIES, seed: int = 0
+             ) -> Path:
+    """Hourly load of `num_series` meters over 336 hours (a wide CSV), each a level with a
+    daily cycle of its own phase and 5 % noise. Troubled: meter 0 dead (zeros) over its
+    training part, then alive; meter 1 zero until the last hour of its training part; meter 2
+    tripled from the validation part on (a level shift); the split is 144 h of training, 24 h
+    of validation and the last 168 h as test, as in the published split of real load data."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    t = np.arange(336)
+    values = []
+    for _ in range(num_series):
+        level = rng.uniform(20, 300)
+        cycle = np.sin(2 * np.pi * (t % 24) / 24 - rng.uniform(0, 2 * np.pi))
+        values.append(level * (1 + 0.3 * cycle) + rng.normal(0, 0.05 * level, len(t)))
+    values = np.array(values)
+    if troubled:
+        train_end = 336 - 168 - 24
+        values[0, :train_end] = 0.0
+        values[1, :train_end - 1] = 0.0
+        values[1, train_end - 1] = 0.5
+        values[2, train_end:] *= 3.0
+    hours = np.datetime64("2014-01-01T00") + t.astype("timedelta64[h]")
+    rows = ["time," + ",".join(f"meter{s}" for s in range(num_series))]
+    rows += [f"{hour}," + ",".join(f"{v:.3f}" for v in values[:, i])
+             for i, hour in enumerate(hours)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def run_multi(troubled: bool, epochs: int, seed: int) -> dict:
+    """tagi-lstm with an 8-wide series embedding on the generated load file (lookback 24,
+    horizon 1, calendar features, rolled daily, batch 64), scored as a run reports it."""
+    defaults = model_defaults("tagi-lstm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = load_csv(Path(tmp) / "load.csv", troubled=troubled, seed=seed)
+        split = load_split(DataConfig(dataset=f"series:{path}", lookback=24, horizon=1,
+                                      forecast_every=24, time_features="auto", val_size="24",
+                                      test_size="168"), seed=seed)
+    config = ModelConfig(model="tagi-lstm", hidden=defaults["hidden"],
+                         heteroscedastic=defaults["heteroscedastic"], series_embedding=8)
+    split = model_split(config, split)
+    learner = create_learner(config, LearnerConfig(sigma_v=defaults["sigma_v"]), split,
+                             seed=seed)
+    learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
+    gen, started = torch.Generator().manual_seed(seed), time.perf_counter()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(split.train), generator=gen).split(64):
+            learner.train_step(split.train[idx])
+    report = forecast_report(learner.predict_moments, split.series, None)
+    return {"dataset": "load, troubled" if troubled else "load, clean", "lookback": 24,
+            "horizon": 1, "forecast_every": 24, "series": MULTI_SERIES,
+            "variance_scale": report["forecast_variance_scale"],
+            "variance_scale_rule": report["forecast_variance_scale_rule"],
+            "variance_scale_pooled": report["forecast_variance_scale_pooled"],
+            "coverage_2sigma": report["forecast_coverage_2sigma"],
+            "coverage_2sigma_naive": report["forecast_coverage_2sigma_naive"],
+            "log_likelihood": report["forecast_log_likelihood"],
+            "log_likelihood_naive": report["forecast_log_likelihood_naive"],
+            "nd": report["forecast_nd"], "nd_naive": report["forecast_nd_naive"],
+            "failed_series": report.get("forecast_failed_series", []),
+            "train_seconds": round(time.perf_counter() - started, 1)}
+
+
+def multi_row(r: dict) -> str:
+    """The row of docs/results.md's multi-series table."""
+    return (f"| {r['dataset']} ({r['series']} meters), L 24, rolled daily | "
+            f"{r['variance_scale']:.2f} ({r['variance_scale_rule'].split(':')[0]}; pooled "
+            f"{r['variance_scale_pooled']:.3g}) | {100 * r['coverage_2sigma']:.1f} % "
+            f"({100 * r['coverage_2sigma_naive']:.1f} %) | {r['log_likelihood']:.2f} "
+            f"({r['log_likelihood_naive']:.2f}) | {r['nd']:.3f} ({r['nd_naive']:.3f}) |")
+
+
 def table_row(r: dict) -> str:
     """The row of docs/forecasting.md's calibration table."""
     protocol = "rolled daily" if r["forecast_every"] else "whole test part"
@@ -92,8 +172,22 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--multi-series", action="store_true",
+                        help="only the multi-series load case, clean and troubled "
+                             "(bench/results/forecast_multi_series.json)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.multi_series:
+        multi = [run_multi(troubled, args.epochs, args.seed) for troubled in (False, True)]
+        for r in multi:
+            print(multi_row(r), flush=True)
+        if not args.no_write:
+            out = Path(__file__).resolve().parent / "results" / "forecast_multi_series.json"
+            out.write_text(json.dumps({"command": command_line(), "cpu": cpu_model(),
+                                       "torch": torch.__version__, "epochs": args.epochs,
+                                       "seed": args.seed, "results": multi}, indent=1) + "\n")
+            print(f"-> {out}")
+        return
     results = []
     for row in ROWS:
         results.append(run(*row, epochs=args.epochs, seed=args.seed))

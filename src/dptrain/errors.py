@@ -60,3 +60,11 @@ class ExportError(DptrainError):
     live model failed (dptrain export)."""
 
     exit_code = 8
+
+
+class AfterTrainingFailed(DptrainError):
+    """Training ended and its checkpoints and `best/` are whole, but something after the last
+    step (the final report, a forecast, a plot, the summary's export) failed: summary.json
+    names it under `failed_after_training`."""
+
+    exit_code = 9

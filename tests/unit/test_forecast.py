@@ -7,6 +7,7 @@ without (issue 20)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from datetime import timedelta
 
@@ -86,11 +87,11 @@ def test_recursion_feeds_predicted_means_and_variances_back_as_inputs():
     series = _series(values, lookback=3, horizon=2)
     seen_inputs = []
 
-    def next_two(mu_x, var_x):  # the last input again, one unit more uncertain per step
+    def next_two(mu_x, var_x):  # the last input again, a tenth more uncertain per step
         seen_inputs.append((mu_x.clone(), var_x.clone()))
         last_mu, last_var = mu_x[:, -1:], var_x[:, -1:]
         return last_mu.repeat(1, 2) + torch.tensor([[1.0, 2.0]]), \
-            last_var.repeat(1, 2) + torch.tensor([[1.0, 2.0]])
+            last_var.repeat(1, 2) + torch.tensor([[0.125, 0.25]])
 
     mean, var = recursive_forecast(next_two, series, start=32, steps=5)
     start = torch.from_numpy(series.normalised[0, 29:32].numpy()).float()
@@ -98,9 +99,53 @@ def test_recursion_feeds_predicted_means_and_variances_back_as_inputs():
     # the second call sees the last observed value and the two predictions, with variances
     torch.testing.assert_close(seen_inputs[1][0][0], torch.cat([start[2:], start[2] + 1 +
                                                                 torch.tensor([0.0, 1.0])]))
-    assert seen_inputs[1][1][0].tolist() == [0.0, 1.0, 2.0]
-    assert var[0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0] and len(seen_inputs) == 3
+    assert seen_inputs[1][1][0].tolist() == [0.0, 0.125, 0.25]
+    assert var[0].tolist() == [0.125, 0.25, 0.375, 0.5, 0.625] and len(seen_inputs) == 3
     torch.testing.assert_close(mean[0], start[2] + torch.arange(1.0, 6.0))
+
+
+def test_the_fed_back_variance_is_bounded_so_a_learned_noise_cannot_run_away():
+    """A network whose noise is exponential in its inputs' variance (a TAGI EvenExp noise
+    head: exp of a Gaussian's mean grows as e^(var/2)) has a loop gain above 1 once the fed
+    back variance passes the series' own spread: fed back unbounded, it reaches inf within a
+    lookback of 24 (issue 39's crash); bounded by the standardised series' variance, every
+    moment stays finite, and what is reported is the network's own output."""
+    values = np.sin(np.arange(200.0) / 4)[None]
+    series = _series(values, lookback=24, horizon=1)
+    inputs = []
+
+    def noisy(mu_x, var_x):
+        inputs.append(var_x.max().item())
+        return mu_x[:, -1:], 0.05 + torch.exp(4 * var_x.mean(1, keepdim=True)) - 1
+
+    mean, var = recursive_forecast(noisy, series, start=150, steps=48)
+    assert torch.isfinite(mean).all() and torch.isfinite(var).all()
+    assert max(inputs) == 1.0 and var.max() > 1.0  # bounded going in, reported as it is
+    growth, v = [], 0.0  # the same network fed back without the bound
+    for _ in range(48):
+        v = 0.05 + math.exp(min(4 * v, 700)) - 1 if v < 200 else math.inf
+        growth.append(v)
+    assert math.isinf(growth[23])
+
+
+def test_a_series_whose_forecast_overflows_is_named_and_left_out(caplog):
+    """One series' forecast overflowing does not raise: it is NaN, named in one warning line
+    and in forecast_failed_series, and the others' metrics stand."""
+    from dptrain.learners.forecast import forecast_report
+    values = np.stack([np.sin(np.arange(200.0) / 4) + 3, np.cos(np.arange(200.0) / 4) + 3])
+    series = _series(values, lookback=8, horizon=1)
+
+    def one_overflows(mu_x, var_x):
+        var = var_x[:, -1:] + 0.1
+        return mu_x[:, -1:], torch.where(torch.arange(len(var))[:, None] % 2 == 1, math.inf,
+                                         var)
+
+    with caplog.at_level(logging.WARNING, logger="dptrain.learners.forecast"):
+        report = forecast_report(one_overflows, series, None)
+    assert report["forecast_failed_series"] == [series.names[1]]
+    assert math.isfinite(report["forecast_rmse"]) and math.isfinite(report["forecast_nd"])
+    lines = [r for r in caplog.records if "could not be computed" in r.getMessage()]
+    assert len(lines) == 1 and series.names[1] in lines[0].getMessage()
 
 
 def test_the_series_id_goes_with_every_step_known_and_never_fed_back():

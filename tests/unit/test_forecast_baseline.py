@@ -126,6 +126,9 @@ def test_the_report_puts_the_naive_beside_every_metric_and_in_the_final_line(tmp
     assert f"ND {report['forecast_nd']:.3f} (seasonal naive " \
            f"{report['forecast_nd_naive']:.3f})" in line
     assert f"3σ {100 * report['forecast_coverage_3sigma']:.1f} %" in line.split("forecast")[-1]
+    assert (f"log-likelihood {report['forecast_log_likelihood']:.4g} (seasonal naive "
+            f"{report['forecast_log_likelihood_naive']:.4g}, 2σ "
+            f"{100 * report['forecast_coverage_2sigma_naive']:.1f} %)") in line
 
 
 def test_the_variance_scale_is_chosen_on_validation_never_on_test():
@@ -229,3 +232,33 @@ def test_a_file_of_empty_series_is_one_line(tmp_path):
         "39,,", "39,1,2"))
     with pytest.raises(DataError, match="no series has 2 observed values in its training part"):
         load_split(DataConfig(dataset=f"series:{path}", lookback=3), seed=0)
+
+
+@pytest.mark.parametrize("val_days, rule", [(4, "per-series mean"), (1, "fallback")])
+def test_one_odd_series_cannot_set_every_series_variance_scale(val_days, rule, caplog):
+    """Eight daily-cycle series, one of them tripled from its validation part on (a level
+    shift): the pooled mean z² follows that one series, the scale chosen (the mean of the
+    per-series scales, each at most 4 times their median; with a validation part of 24 steps, the robust pooled fallback, said in one line
+    and in the report) stays within 1 + 3/8 of the others' 4."""
+    t = np.arange(24 * 20, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    values = np.stack([10 + np.sin(2 * np.pi * t / 24 + s) + rng.normal(0, 0.5, len(t))
+                       for s in range(8)])
+    n_test, n_val = 48, 24 * val_days
+    values[0, len(t) - n_test - n_val:] *= 3.0
+    split = series_split("t", [f"s{i}" for i in range(8)], _hours(len(t)), values,
+                         lookback=24, horizon=1, test_size=n_test, val_size=n_val)
+    series = dataclasses.replace(split.series, forecast_every=24)
+    std = series.norm.std
+
+    def yesterday(mu_x, var_x):  # the value a day back; variance 1/4 of the truth
+        each = std.float().repeat(len(mu_x) // len(std), 1)  # rows: origins x series
+        return mu_x[:, :1], var_x[:, :1] + 0.25 * (2 * 0.5 ** 2) / each ** 2
+
+    with caplog.at_level(logging.WARNING, logger="dptrain.learners.forecast"):
+        report = forecast_report(yesterday, series, None)
+    assert report["forecast_variance_scale_rule"].startswith(rule)
+    assert 2.0 < report["forecast_variance_scale"] < 4.0 * (1 + 3 / 8) * 1.3
+    assert report["forecast_variance_scale_pooled"] > 3 * report["forecast_variance_scale"]
+    said = [r for r in caplog.records if "too short" in r.getMessage()]
+    assert len(said) == (rule == "fallback")

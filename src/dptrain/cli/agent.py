@@ -20,8 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from dptrain.cli import job_end
 from dptrain.runtime.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
-from dptrain.errors import (CheckpointError, ConfigError, DataError, NonFiniteLoss,
-                            TrainingCollapsed)
+from dptrain.errors import (AfterTrainingFailed, CheckpointError, ConfigError, DataError,
+                            NonFiniteLoss, TrainingCollapsed)
 
 SURVIVOR_GRACE_S = 5.0
 """How long the agent lets its workers fail by themselves, recording the step at which they
@@ -31,7 +31,7 @@ restarted the job (a survivor that holds a roll call of the ranks reports within
 
 EXPECTED_EXIT_CODES = {cls.exit_code: cls.__name__
                        for cls in (ConfigError, DataError, CheckpointError, NonFiniteLoss,
-                                   TrainingCollapsed)}
+                                   TrainingCollapsed, AfterTrainingFailed)}
 """Exit statuses of workers that ended on an expected error (see dptrain.cli.worker)."""
 
 

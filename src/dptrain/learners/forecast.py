@@ -21,20 +21,29 @@ Definitions of the metrics: docs/forecasting.md.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dptrain.data.datasets.series import SeriesData, forward_fill
 from dptrain.learners.plots import pyplot
+from dptrain.runtime.collectives import get_rank
+
+log = logging.getLogger(__name__)
 
 PredictMoments = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """(input means, input variances), each (B, lookback) in standardised units (lookback + 1
 with the series id last, for a model that takes it) -> (mean, predictive variance of the
 observations), each (B, horizon)."""
+
+FED_BACK_VARIANCE = 1.0
+"""The largest input variance a recursive forecast feeds back, standardised: the series' own
+training variance (see _recursive)."""
 
 Z_90 = 1.2815515655446004
 """The standard normal's 0.9 quantile."""
@@ -88,16 +97,29 @@ def _recursive(predict: PredictMoments, series: SeriesData, starts: list[int], s
     ids = torch.arange(num_series, dtype=context.dtype).repeat(len(starts))[:, None]
     origin = torch.tensor(starts).repeat_interleave(num_series)  # (R·S,)
     means, variances = [], []
+    broken = torch.zeros(context.shape[0], dtype=torch.bool)
     for r in range(math.ceil(steps / horizon)):
         mu_x, var_x = _with_known(series, context, context_var, origin + r * horizon)
         if series.with_ids:  # known exactly: variance 0, and never fed back
             mu_x, var_x = torch.cat([mu_x, ids], 1), torch.cat([var_x, torch.zeros_like(ids)], 1)
         mean, var = predict(mu_x, var_x)
         mean, var = mean.float().cpu(), var.float().cpu()
-        means.append(mean)
-        variances.append(var)
+        # A forecast that overflowed is that series' alone: NaN from here on (named by
+        # forecast_report), and the batch goes on with a neutral value in its place.
+        broken |= ~(torch.isfinite(mean) & torch.isfinite(var)).all(1)
+        mean = torch.where(broken[:, None], 0.0, mean)
+        var = torch.where(broken[:, None], 1.0, var)
+        means.append(torch.where(broken[:, None], math.nan, mean))
+        variances.append(torch.where(broken[:, None], math.nan, var))
         context = torch.cat([context, mean], 1)[:, -lookback:]
-        context_var = torch.cat([context_var, var], 1)[:, -lookback:]
+        # What is fed back is at most the series' own variance, 1 in standardised units: a
+        # forecast can be no less certain than the series' training distribution, whose
+        # spread no input of the training data exceeded. Without the bound the variance
+        # loops back through the network and its learned noise (exp of a Gaussian, whose
+        # mean grows as e^(var/2)) with a gain above 1 once it is past that spread, and
+        # grows geometrically to inf within a lookback (docs/forecasting.md). The output's
+        # own variance is reported as it is.
+        context_var = torch.cat([context_var, var.clamp_max(FED_BACK_VARIANCE)], 1)[:, -lookback:]
     shape = (len(starts), num_series, -1)
     return (torch.cat(means, 1)[:, :steps].reshape(shape),
             torch.cat(variances, 1)[:, :steps].reshape(shape))
@@ -148,18 +170,70 @@ def forecast_test(predict: PredictMoments, series: SeriesData) -> Forecast:
     return forecast_part(predict, series, series.val_end, series.values.shape[1])
 
 
+MIN_SCALE_VALUES = 48
+"""Observed validation values a series needs to vote on the variance scale (two days of an
+hourly series): fewer, at the lead times of a recursive forecast, are too few and too
+correlated to estimate its spread."""
+
+ODD_SERIES_BOUND = 4.0
+"""A series' own variance scale counts at most this many times the median of all series':
+one odd series moves the scale of S series by at most a factor 1 + 3/S."""
+
+CHI2_1_MEDIAN = 0.4549364231195724
+"""The median of a χ² variable of one degree of freedom: of z² for z standard normal."""
+
+
+@dataclass(frozen=True)
+class VarianceScale:
+    """The forecast variance's scale c chosen on validation, how (`rule`: "per-series mean,
+    bounded",
+    "fallback: ..." or "none"), and the pooled mean of z² beside it (what one odd series moves)."""
+
+    scale: float
+    rule: str
+    pooled: float
+
+
 def variance_scale(predict: PredictMoments, series: SeriesData) -> float:
-    """The scale c of the forecast's variance chosen on the validation part: c = mean of
-    (y − m)² / v over its observed values forecast as the test part is (`validation_leads`),
-    the c that maximises the log-likelihood of N(m, c·v) there. 1 when the validation part
-    has no observed value. The test part never enters it."""
+    """The scale c of the forecast's variance chosen on the validation part (see
+    `choose_variance_scale`)."""
+    return choose_variance_scale(predict, series).scale
+
+
+def choose_variance_scale(predict: PredictMoments, series: SeriesData) -> VarianceScale:
+    """The scale c of the forecast's variance chosen on the validation part, its values
+    forecast as the test part is (`validation_leads`), z = (y − m)/√v. Each series with at
+    least `MIN_SCALE_VALUES` observed values there proposes its own c_s = mean z² (the c that
+    maximises its log-likelihood under N(m, c·v)), and c is their mean, each c_s bounded by
+    `ODD_SERIES_BOUND` times their median: scale-free and balanced over the series, so one
+    odd series (a level shift, a meter that wakes up) cannot set every series' interval (one series: its own c_s, from however many values). When no
+    series of several has that many (a validation part of 24 steps),
+    c = median of all z² / median of χ²₁, the robust pooled rule, said in one warning line.
+    1 when the validation part has no observed value. The test part never enters it."""
     if series.val_end <= series.train_end:
-        return 1.0
+        return VarianceScale(1.0, "none", 1.0)
     y, m, v = validation_leads(predict, series)
-    seen = torch.isfinite(y)
+    seen = torch.isfinite(y) & torch.isfinite(m) & torch.isfinite(v)
     if not seen.any():
-        return 1.0
-    return (((y - m) ** 2 / v)[seen]).mean().item()
+        return VarianceScale(1.0, "none", 1.0)
+    z2 = torch.where(seen, (y - m) ** 2 / v, 0.0).double()
+    pooled = z2[seen].mean().item()
+    count = seen.sum(1)
+    voters = count >= MIN_SCALE_VALUES
+    if len(count) == 1:  # one series: its own mean z², however few its values
+        voters = count > 0
+    if voters.any():
+        per_series = z2[voters].sum(1) / count[voters]
+        bounded = per_series.clamp_max(ODD_SERIES_BOUND * per_series.median())
+        return VarianceScale(bounded.mean().item(), "per-series mean, bounded", pooled)
+    scale = z2[seen].median().item() / CHI2_1_MEDIAN
+    rule = (f"fallback: {int(count.max())} validation value(s) per series < "
+            f"{MIN_SCALE_VALUES}, median z² / median χ²₁")
+    if get_rank() == 0:
+        log.warning("forecast variance scale: the validation part is too short to choose it "
+                    "series by series (%s); %.3g by the robust pooled rule (mean z² %.3g)",
+                    rule.removeprefix("fallback: "), scale, pooled)
+    return VarianceScale(scale, rule, pooled)
 
 
 def validation_leads(predict: PredictMoments, series: SeriesData
@@ -200,9 +274,16 @@ def validation_leads(predict: PredictMoments, series: SeriesData
 def calibrated_test(predict: PredictMoments, series: SeriesData) -> tuple[Forecast, float]:
     """The test part's forecast with its variance scaled by `variance_scale`, and the scale:
     what summary.json, forecast.png and `dptrain predict` report."""
-    scale = variance_scale(predict, series)
+    forecast, chosen = calibrated_test_chosen(predict, series)
+    return forecast, chosen.scale
+
+
+def calibrated_test_chosen(predict: PredictMoments, series: SeriesData
+                           ) -> tuple[Forecast, VarianceScale]:
+    """`calibrated_test` with how its scale was chosen."""
+    chosen = choose_variance_scale(predict, series)
     forecast = forecast_test(predict, series)
-    return dataclasses.replace(forecast, var=forecast.var * scale), scale
+    return dataclasses.replace(forecast, var=forecast.var * chosen.scale), chosen
 
 
 # ------------------------------------------------------------------ the seasonal naive baseline
@@ -299,18 +380,43 @@ def forecast_report(predict: PredictMoments, series: SeriesData, out_dir: Path |
     per origin), the seasons (`forecast_season`: m of mase_seasonal; `forecast_naive_season`:
     the naive forecast's) and the variance scale chosen on validation
     (`forecast_variance_scale`); with `out_dir` (rank 0) also forecast.png."""
-    forecast, scale = calibrated_test(predict, series)
+    forecast, chosen = calibrated_test_chosen(predict, series)
     naive, season = naive_test(series)
+    forecast, failed = _without_broken(forecast, series)
+    if failed:  # the others' metrics stand; the naive is scored on the same series
+        naive = dataclasses.replace(naive, observed=forecast.observed)
     if out_dir is not None:
         plot_forecast(out_dir / "forecast.png", series, forecast, naive)
-    report: dict[str, float] = {f"forecast_{k}": v
-                                for k, v in forecast_metrics(forecast, series).items()}
+    report: dict[str, Any] = {f"forecast_{k}": v
+                              for k, v in forecast_metrics(forecast, series).items()}
     report.update({f"forecast_{k}_naive": v
                    for k, v in forecast_metrics(naive, series).items()})
+    if failed:
+        report["forecast_failed_series"] = failed
     report.update(forecast_every=series.forecast_every or forecast.mean.shape[1],
                   forecast_season=series.seasons[0], forecast_naive_season=season,
-                  forecast_variance_scale=scale)
+                  forecast_variance_scale=chosen.scale,
+                  forecast_variance_scale_rule=chosen.rule,
+                  forecast_variance_scale_pooled=chosen.pooled)
     return report
+
+
+def _without_broken(forecast: Forecast, series: SeriesData) -> tuple[Forecast, list[str]]:
+    """The forecast with the series whose forecast could not be computed (a non-finite mean
+    or variance) left out of its metrics (their observed values NaN, their moments 0 and 1),
+    and their names, said in one warning line."""
+    broken = ~(torch.isfinite(forecast.mean) & torch.isfinite(forecast.var)).all(1)
+    if not broken.any():
+        return forecast, []
+    names = [series.names[s] for s in broken.nonzero()[:, 0].tolist()]
+    if get_rank() == 0:
+        log.warning("the forecast of %d series could not be computed (non-finite moments) and "
+                    "is left out of the forecast metrics: %s", len(names), ", ".join(names))
+    keep = ~broken[:, None]
+    return dataclasses.replace(
+        forecast, mean=torch.where(keep, forecast.mean, 0.0),
+        var=torch.where(keep, forecast.var, 1.0),
+        observed=torch.where(keep, forecast.observed, math.nan)), names
 
 
 MAX_PANELS = 4

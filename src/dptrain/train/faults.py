@@ -28,6 +28,20 @@ from dptrain.runtime.job import attempt as job_attempt
 from dptrain.errors import ConfigError
 
 ENV_VAR = "DPTRAIN_FAIL_AT"
+AFTER_TRAINING_VAR = "DPTRAIN_FAIL_AFTER_TRAINING"
+"""`DPTRAIN_FAIL_AFTER_TRAINING=report` (or `plots`) makes that part of what runs after the
+last training step raise, as a forecast that overflows or a plot that cannot be drawn would:
+the run must stay whole (docs/design.md, contract 14)."""
+
+
+class InjectedFailure(RuntimeError):
+    """The failure `DPTRAIN_FAIL_AFTER_TRAINING` asked for."""
+
+
+def fail_after_training(what: str) -> None:
+    """Raise InjectedFailure when `DPTRAIN_FAIL_AFTER_TRAINING` names `what`."""
+    if what in os.environ.get(AFTER_TRAINING_VAR, "").split(","):
+        raise InjectedFailure(f"{AFTER_TRAINING_VAR}={what}")
 _FORMAT = "fail-at must be RANK:STEP or RANK:ckpt:STEP with non-negative integers, comma-separated"
 
 

@@ -40,7 +40,7 @@ from dptrain.runtime import (
 )
 from dptrain.runtime.env import SINGLE
 from dptrain.runtime.job import RUN_LABEL_ENV, launcher_start_time, stamp
-from dptrain.errors import ConfigError, DataError
+from dptrain.errors import AfterTrainingFailed, ConfigError, DataError
 from dptrain.learners.build import (
     RunLength,
     create_learner,
@@ -285,6 +285,10 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         rank_zero_print(f"model: {params / 1e6:.2f} M parameters, {counted[0] / 1e6:.2f} MFLOP "
                         f"per token to train (forward and backward)")
     summary = Trainer(learner, split, config, runtime).fit()
+    if summary.get("failed_after_training"):  # the run is whole; what came after it is not
+        raise AfterTrainingFailed(
+            f"training ended and its checkpoints are whole in {options.out}, but after it "
+            f"{summary['failed_after_training']} (summary.json: failed_after_training)")
     rank_zero_print(f"done: {headline(summary, split.task)} after {run_extent(summary)}, "
                     f"{chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s"
                     f"{token_rates(summary)}, {summary['wall_time_s']:.1f} s\n"
@@ -391,4 +395,9 @@ def headline(summary: dict[str, Any], task: str) -> str:
                   f"{summary['forecast_nd']:.3f}{versus}, MASE {summary['forecast_mase']:.3f}, "
                   f"interval coverage 1σ {pct('forecast_coverage_1sigma')} / 2σ "
                   f"{pct('forecast_coverage_2sigma')} / 3σ {pct('forecast_coverage_3sigma')}")
+        if summary.get("forecast_log_likelihood") is not None:
+            shown += f", log-likelihood {summary['forecast_log_likelihood']:.4g}"
+        if summary.get("forecast_log_likelihood_naive") is not None:
+            shown += (f" (seasonal naive {summary['forecast_log_likelihood_naive']:.4g}, 2σ "
+                      f"{pct('forecast_coverage_2sigma_naive')})")
     return shown

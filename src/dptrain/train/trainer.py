@@ -20,7 +20,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +43,7 @@ from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
 from dptrain.data.datasets.holdout import subset
 from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
-from dptrain.train import flops, loggers, resume, rng, steps
+from dptrain.train import faults, flops, loggers, resume, rng, steps
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
 from dptrain.train.progress import Progress
@@ -784,9 +784,19 @@ class Trainer:
             "params_sha256": params_sha256(self.learner.model_state_dict()),
             "resumed_from": resumed_from, "run_dir": str(self.config.out_dir),
             "config": self.config.to_json(),
-            **self.learner.report(Path(self.config.out_dir) if self.rank == 0 else None,
-                                  self.split),
+            **self._after_training("report", lambda: self.learner.report(
+                Path(self.config.out_dir) if self.rank == 0 else None, self.split)),
         }
+
+    def _after_training(self, what: str, part: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """What `part` adds to the summary, or, when it fails, `failed_after_training` naming
+        it: nothing after the last step may lose a run whose checkpoints are written (the
+        job ends non-zero on it once summary.json is out: dptrain.train.job)."""
+        try:
+            faults.fail_after_training(what)
+            return part()
+        except Exception as err:  # noqa: BLE001 - anything: the run is whole, say what failed
+            return {"failed_after_training": f"{what}: {type(err).__name__}: {err}"}
 
     def _skipped_samples(self) -> dict[str, Any]:
         """Samples the loaders left out (`--bad-images skip`), over every rank: collective."""
@@ -806,7 +816,10 @@ class Trainer:
         out = Path(self.config.out_dir)
         if self.tb is not None:
             self.tb.close()
-        loggers.plot_learning_curves(out / "learning_curves.png", self.history)
+        failed = self._after_training("plots", lambda: (loggers.plot_learning_curves(
+            out / "learning_curves.png", self.history), {})[1])
+        if failed and "failed_after_training" not in summary:
+            summary.update(failed)
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1, default=str))
         tmp.replace(out / "summary.json")
