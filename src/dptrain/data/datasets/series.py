@@ -288,13 +288,25 @@ def _fit_per_series(where: str, names: list[str], train: torch.Tensor) -> Normal
     filled = torch.where(observed, train, 0.0)
     mean = filled.sum(1, keepdim=True) / count
     var = (torch.where(observed, train - mean, 0.0) ** 2).sum(1, keepdim=True) / count
-    constant = [s for s in range(len(names)) if not var[s] > 0]
-    if constant and get_rank() == 0:  # every rank reads the same file: one line is enough
-        log.warning("%s: %d series constant over their training part, kept with the scale "
-                    "|mean| (1 where 0): %s", where, len(constant),
-                    ", ".join(f"{names[s]!r} ({mean[s].item():g})" for s in constant))
-    safe = torch.where(mean.abs() > 0, mean.abs(), 1.0)
-    return Normalisation(mean, torch.where(var > 0, var.sqrt(), safe))
+    std = var.sqrt()
+    # A series (almost) constant over its training part has no scale of its own. Divided by
+    # its tiny std (or by an arbitrary 1 where it is 0), the values it takes once it changes
+    # (a dead meter that wakes up) become huge inputs; a recursive forecast feeds its own
+    # mean and variance back, and TAGI's variance of w·x grows with x², so the fed-back
+    # variance grew geometrically to inf within a 24-step forecast. Such a series is scaled
+    # like a typical one: by the median std of the others (training part only), or, with no
+    # other, by |mean| (1 where 0).
+    typical = std[std > 0].median() if (std > 0).any() else torch.tensor(0.0, dtype=std.dtype)
+    degenerate = [s for s in range(len(names)) if not std[s] > _DEGENERATE * typical]
+    if degenerate and get_rank() == 0:  # every rank reads the same file: one line is enough
+        log.warning("%s: %d series constant over their training part (or almost: a std below "
+                    "1 %% of the median series'), scaled like the typical series: %s", where,
+                    len(degenerate), ", ".join(f"{names[s]!r} ({mean[s].item():g})" for s in degenerate))
+    safe = typical if typical > 0 else torch.where(mean.abs() > 0, mean.abs(), 1.0)
+    return Normalisation(mean, torch.where(std > _DEGENERATE * typical, std, safe))
+
+
+_DEGENERATE = 1e-2  # a training std below 1 % of the median series' is no scale of its own
 
 
 def _drop_empty(where: str, names: list[str], values: np.ndarray, train_end: int
