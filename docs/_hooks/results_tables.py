@@ -214,10 +214,27 @@ def large_batch() -> str:
                   "|---|---|---|---|---|", rows)
 
 
+def gpt_vs_nanogpt() -> str:
+    result = load("gpt_vs_nanogpt.json")
+    rows = [f"| {r['seed']} | {r['nanogpt']['val_loss']:.4f} | {r['dptrain']['val_loss']:.4f} | "
+            f"{1000 * r['nanogpt']['step_s']:.1f} | {1000 * r['dptrain']['step_s']:.1f} | "
+            f"{r['dptrain']['tokens_per_s']:,.0f} | {r['dptrain_2proc']['tokens_per_s']:,.0f} |"
+            for r in result["runs"]]
+    mean = result["mean"]
+    rows.append(f"| mean | {mean['nanogpt']['val_loss']:.4f} | {mean['dptrain']['val_loss']:.4f} "
+                f"| {1000 * mean['nanogpt']['step_s']:.1f} | "
+                f"{1000 * mean['dptrain']['step_s']:.1f} | "
+                f"{mean['dptrain']['tokens_per_s']:,.0f} | "
+                f"{mean['dptrain_2proc']['tokens_per_s']:,.0f} |")
+    return _lines("| seed | nanoGPT val loss | dptrain val loss | nanoGPT ms/step | dptrain "
+                  "ms/step | dptrain tokens/s, 1 process | 2 processes |",
+                  "|---|---:|---:|---:|---:|---:|---:|", rows)
+
+
 TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
-                                  tagi_ddp, checkpoint_pause, input_pipeline)}
+                                  tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt)}
 
 
 def render(name: str) -> str:
