@@ -37,6 +37,21 @@ lib = native.library()
 print("BUILT", lib._name, native.blas(torch.float64) >= 0)
 """
 
+#: a rank that starts late: it loads the library the moment its name is in the cache, as
+#: native.py does when it finds it there (a file written in place would be caught half done)
+WATCHER = """
+import ctypes, sys, time
+from pathlib import Path
+cache = Path(sys.argv[1])
+deadline = time.monotonic() + 200
+while time.monotonic() < deadline:
+    found = sorted(cache.glob("tagi_step-*.so")) if cache.is_dir() else []
+    if found:
+        print("LOADED", found[0], bool(ctypes.CDLL(str(found[0])).capped_step_f64))
+        break
+    time.sleep(0.001)
+"""
+
 
 def test_four_processes_building_into_one_empty_cache_each_load_a_whole_library(tmp_path):
     cache, go = tmp_path / "cache", tmp_path / "go"
@@ -45,6 +60,9 @@ def test_four_processes_building_into_one_empty_cache_each_load_a_whole_library(
     builders = [subprocess.Popen([sys.executable, "-c", BUILDER, str(go)], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for _ in range(4)]
+    watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(cache)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    builders.append(watcher)
     try:
         time.sleep(1.0)  # (each waits for `go` once torch is imported)
         go.touch()
@@ -55,7 +73,8 @@ def test_four_processes_building_into_one_empty_cache_each_load_a_whole_library(
                 b.kill()
                 b.wait()
     [library] = list(cache.iterdir())  # one library, no temporary file or folder left
-    for b, (out, err) in zip(builders, outputs):
+    assert f"LOADED {library} True" in outputs[-1][0], outputs[-1]
+    for b, (out, err) in zip(builders[:-1], outputs):
         assert b.returncode == 0, err
         # each loaded the published file (a partial one would not load, or lack symbols)
         assert f"BUILT {library} True" in out, (out, err)
