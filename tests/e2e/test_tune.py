@@ -21,6 +21,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from dptrain.train import checkpoint as ckpt  # noqa: E402
 from dptrain.tune import SubprocessRunner, TuneOptions, tune  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -147,10 +148,16 @@ def test_ctrl_c_then_the_same_command_continues_the_study(tmp_path):
     first = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     epochs = study / "trial-0000" / "epochs.csv"
+    checkpoints = study / "trial-0000" / "checkpoints"
     try:
         deadline = time.monotonic() + 120
-        while not (epochs.exists() and len(rows(epochs)) >= 2):
-            assert first.poll() is None and time.monotonic() < deadline, "no epoch in time"
+        # An epoch's row is written before its checkpoint, which is published in the
+        # background (async checkpoints): a row alone does not mean there is anything to
+        # resume from, and a signal sent then may stop the run before its first checkpoint
+        # is published (the trial then rightly starts afresh). Wait for a published one.
+        while not (epochs.exists() and len(rows(epochs)) >= 2 and
+                   ckpt.list_steps(checkpoints)):
+            assert first.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.2)
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=60)

@@ -23,6 +23,7 @@ at pytagi's batches.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import types
 from collections.abc import Callable
@@ -69,6 +70,36 @@ NATIVE_WORK = 3_000_000
 #: The output updates a compiled step can run: OutputUpdater.update, .update_using_indices,
 #: .update_heteros.
 UPDATES = ("plain", "indices", "heteros")
+
+
+#: torch's internals the compiled step calls, (module, name): the package declares torch>=2.6,
+#: and a release may move a private one. The first two are checked at import (cheap; the
+#: native step needs them too), the others, whose modules take seconds to import, when the
+#: first program is traced (which imports them anyway).
+INTERNALS = (("torch", "compile"), ("torch.autograd.graph", "increment_version"))
+TRACING_INTERNALS = (("torch._dynamo", "lookup_backend"),
+                     ("torch._inductor.compile_fx", "compile_fx"),
+                     ("torch._inductor.decomposition", "select_decomp_table"),
+                     ("torch._functorch.config", "enable_autograd_cache"))
+
+
+def missing_internals(internals: tuple[tuple[str, str], ...] = INTERNALS) -> str | None:
+    """Which of `internals` this torch lacks, as one phrase (None: it has them all)."""
+    missing = []
+    for module, name in internals:
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = False
+        if not found:
+            missing.append(f"{module}.{name}")
+    if not missing:
+        return None
+    return f"torch {torch.__version__} lacks {', '.join(missing)}"
+
+
+#: why this torch cannot run the compiled step at all (None: it can)
+MISSING = missing_internals()
 
 
 class CompiledStep:
@@ -129,6 +160,9 @@ class CompiledStep:
         self._predictors: dict[int, native_module.NativeStep | None] = {}  # per batch size
         self._native_off = native is False or (native is None and (
             update not in native_module.UPDATES or backend != "inductor" or mode is not None))
+        if MISSING is not None:  # one line, and every step eager
+            self._native_off = True
+            self._give_up(MISSING)
         self._layers = list(net.descendants())
         self._cached = [layer for layer in self._layers if hasattr(layer, "_weight_cache")]
         synced = [path for path, layer in net.named_stateful()
@@ -183,7 +217,7 @@ class CompiledStep:
         except Exception as err:  # noqa: BLE001 - anything the tracer or compiler refuses
             if self.compiled_steps:  # it ran before: a real error of this step, not capture
                 raise
-            self._give_up(err)
+            self._give_up(str(err) if isinstance(err, _MissingInternals) else err)
             return self._eager_step(mu_x, y, var_y, selected_idx)
         return self._stepped(mu_x.shape[0], mu, var)
 
@@ -400,6 +434,11 @@ class CompiledStep:
 
     def _compiled(self, shapes: tuple) -> Callable:
         if self._program is None:
+            needed = TRACING_INTERNALS if self.backend == "inductor" else \
+                TRACING_INTERNALS[:1] if isinstance(self.backend, str) else ()
+            missing = missing_internals(needed)
+            if missing is not None:
+                raise _MissingInternals(missing)
             self.net._check_bindings()  # what eager checks after its first backward
             # torch.compile keeps its graphs per code object, at most 8 each: a copy of the
             # code per CompiledStep keeps networks (trials, tests) from evicting each other
@@ -480,6 +519,10 @@ class CompiledStep:
             self.fallback_reason = f"{type(why).__name__}: {first}"
         log.warning("compile: %s cannot be captured as one program (%s); stepping eagerly",
                     type(self.net).__name__, self.fallback_reason)
+
+
+class _MissingInternals(Exception):
+    """This torch lacks an internal the traced program needs (`TRACING_INTERNALS`)."""
 
 
 class _Capture:

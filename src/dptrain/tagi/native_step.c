@@ -529,7 +529,11 @@ static void indexed_innovations(const REAL *mu, const REAL *var, const REAL *jcb
 }
 
 /* One parameter's capped step: m += clamp(Δm, ±bar), v += clamp(Δv, ±bar), bar = sqrt(v)/c,
- * and v ≤ 0 → var_floor (clamped as torch does: NaN stays NaN). lo, hi: −1/c and 1/c. */
+ * and v ≤ 0 → var_floor (clamped as torch does: NaN stays NaN). lo, hi: −1/c and 1/c.
+ * Data parallel, every rank does this to the same all-reduced deltas, each with its own build
+ * (-march=native): keep it single IEEE operations, no libm call, no reduction, and no product
+ * that feeds a sum (a multiply-add fused on one CPU and not on another rounds differently) —
+ * the clamps stand between the products and the sums here. */
 static inline void capped(REAL *restrict mu, REAL *restrict var, REAL dm, REAL dv, REAL lo,
                           REAL hi, REAL var_floor) {
     const REAL v = *var, root = r_sqrt(v), low = root * lo, high = root * hi;
