@@ -218,7 +218,8 @@ def gpt_vs_nanogpt() -> str:
     result = load("gpt_vs_nanogpt.json")
     rows = [f"| {r['seed']} | {r['nanogpt']['val_loss']:.4f} | {r['dptrain']['val_loss']:.4f} | "
             f"{1000 * r['nanogpt']['step_s']:.1f} | {1000 * r['dptrain']['step_s']:.1f} | "
-            f"{r['dptrain']['tokens_per_s']:,.0f} | {r['dptrain_2proc']['tokens_per_s']:,.0f} |"
+            f"{r['dptrain']['tokens_per_s']:,.0f} | "
+            + (f"{r['dptrain_2proc']['tokens_per_s']:,.0f} |" if "dptrain_2proc" in r else "|")
             for r in result["runs"]]
     mean = result["mean"]
     rows.append(f"| mean | {mean['nanogpt']['val_loss']:.4f} | {mean['dptrain']['val_loss']:.4f} "
