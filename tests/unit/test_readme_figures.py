@@ -427,3 +427,20 @@ def test_forecast_calibration_table_is_forecast_defaults_json():
             model, naive = HOURLY_ND[r["forecast_every"]]
             assert (f"{r['nd']:.3f}", f"{r['nd_naive']:.3f}") == (f"{model:.3f}",
                                                                   f"{naive:.3f}"), r
+
+
+def test_gpt_rows_are_gpt_vs_nanogpt_json():
+    """The README's two torch-gpt rows and the results page's table: bench/gpt_vs_nanogpt.py's
+    record (nanoGPT's own train.py beside dptrain, same data, recipe and threads)."""
+    result = _load("gpt_vs_nanogpt.json")
+    mean = result["mean"]
+    _row("| torch-gpt, tiny Shakespeare, validation loss after 2000 steps, mean of 3 seeds |",
+         f"{mean['dptrain']['val_loss']:.3f}", f"nanoGPT: {mean['nanogpt']['val_loss']:.3f}",
+         page=README)
+    _row("| torch-gpt, time per training step, 1 process |",
+         f"{1000 * mean['dptrain']['step_s']:.1f} ms",
+         f"nanoGPT: {1000 * mean['nanogpt']['step_s']:.1f} ms",
+         f"{result['step_time_ratio']:.3f}x", page=README)
+    page = _expanded(REPO / "docs" / "results.md")
+    _row("| mean |", f"{mean['nanogpt']['val_loss']:.4f}", f"{mean['dptrain']['val_loss']:.4f}",
+         page=page)
