@@ -35,14 +35,14 @@ from dptrain.data import (
     steps_per_epoch,
     world_sizes_dividing,
 )
+from dptrain.data.datasets.holdout import subset
+from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
 from dptrain.data.loader import BatchLoader, fetch_batch
 from dptrain.data.mixing import Mixing
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.fingerprint import params_sha256
 from dptrain.learners.protocol import Batch, Learner, Metrics
 from dptrain.train import checkpoint as ckpt
-from dptrain.data.datasets.holdout import subset
-from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
 from dptrain.train import faults, flops, loggers, resume, rng, steps
 from dptrain.train.early_stopping import EarlyStopping
 from dptrain.train.faults import FailAt
