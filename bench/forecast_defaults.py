@@ -86,32 +86,9 @@ matters (issue 39)."""
 
 def load_csv(path: Path, *, troubled: bool, num_series: int = MULTI_SERIES, seed: int = 0
              ) -> Path:
-    """Hourly load of `num_series` meters over 336 hours (a wide CSV), each a level with a
-    daily cycle of its own phase and 5 % noise. Troubled: meter 0 dead (zeros) over its
-    training part, then alive; meter 1 zero until the last hour of its training part; meter 2
-    tripled from the validation part on (a level shift); the split is 144 h of training, 24 h
-    of validation and the last 168 h as test, as in the published split of real load data."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    t = np.arange(336)
-    values = []
-    for _ in range(num_series):
-        level = rng.uniform(20, 300)
-        cycle = np.sin(2 * np.pi * (t % 24) / 24 - rng.uniform(0, 2 * np.pi))
-        values.append(level * (1 + 0.3 * cycle) + rng.normal(0, 0.05 * level, len(t)))
-    values = np.array(values)
-    if troubled:
-        train_end = 336 - 168 - 24
-        values[0, :train_end] = 0.0
-        values[1, :train_end - 1] = 0.0
-        values[1, train_end - 1] = 0.5
-        values[2, train_end:] *= 3.0
-    hours = np.datetime64("2014-01-01T00") + t.astype("timedelta64[h]")
-    rows = ["time," + ",".join(f"meter{s}" for s in range(num_series))]
-    rows += [f"{hour}," + ",".join(f"{v:.3f}" for v in values[:, i])
-             for i, hour in enumerate(hours)]
-    path.write_text("\n".join(rows) + "\n")
-    return path
+    """The generated load file (`dptrain.data.datasets.synthetic_series.write_load_csv`)."""
+    from dptrain.data.datasets.synthetic_series import write_load_csv
+    return write_load_csv(path, num_series=num_series, troubled=troubled, seed=seed)
 
 
 def run_multi(troubled: bool, epochs: int, seed: int) -> dict:

@@ -12,40 +12,19 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from dptrain.data.datasets.synthetic_series import LOAD_TEST, LOAD_VAL, write_load_csv
 from dptrain.errors import AfterTrainingFailed
 from tests._cli import base_env, dptrain_cmd, run
 
 pytestmark = pytest.mark.e2e
 
-STEPS, TEST, VAL = 336, 168, 24
+TEST, VAL = LOAD_TEST, LOAD_VAL
 
 
 def troubled_load_csv(path: Path, num_series: int = 6, seed: int = 0) -> Path:
-    """Hourly load of `num_series` meters (wide CSV) with a daily cycle: meter 0 dead over its
-    training part, meter 1 zero until its training part's last hour, meter 2's level tripled
-    from the validation part on."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(STEPS)
-    values = []
-    for _ in range(num_series):
-        level = rng.uniform(20, 300)
-        cycle = np.sin(2 * np.pi * (t % 24) / 24 - rng.uniform(0, 2 * np.pi))
-        values.append(level * (1 + 0.3 * cycle) + rng.normal(0, 0.05 * level, STEPS))
-    values = np.array(values)
-    train_end = STEPS - TEST - VAL
-    values[0, :train_end] = 0.0
-    values[1, :train_end - 1] = 0.0
-    values[1, train_end - 1] = 0.5
-    values[2, train_end:] *= 3.0
-    hours = np.datetime64("2014-01-01T00") + t.astype("timedelta64[h]")
-    rows = ["time," + ",".join(f"meter{s}" for s in range(num_series))]
-    rows += [f"{hour}," + ",".join(f"{v:.3f}" for v in values[:, i])
-             for i, hour in enumerate(hours)]
-    path.write_text("\n".join(rows) + "\n")
-    return path
+    return write_load_csv(path, num_series=num_series, troubled=True, seed=seed)
 
 
 def _args(data: Path, out: Path) -> list[str]:

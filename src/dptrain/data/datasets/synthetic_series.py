@@ -111,3 +111,36 @@ def _hours(length: int) -> list[str]:
 def _days(length: int) -> list[str]:
     start = np.datetime64("2019-01-01")  # pytagi's first day
     return [str(start + np.timedelta64(d, "D")) for d in range(length)]
+
+
+LOAD_HOURS, LOAD_VAL, LOAD_TEST = 336, 24, 168
+"""The generated load file's hours: 144 of training, 24 of validation, the last 168 as test (the
+published split of real hourly load data)."""
+
+
+def write_load_csv(path, *, num_series: int, troubled: bool, seed: int = 0):
+    """Hourly load of `num_series` meters over LOAD_HOURS hours as a wide CSV (`series:PATH`),
+    each a level with a daily cycle of its own phase and 5 % noise. Troubled, with the shape of
+    real load data's trouble: meter 0 dead (zeros) over its training part, then alive; meter 1
+    zero until the last hour of its training part; meter 2 tripled from the validation part on
+    (a level shift)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(LOAD_HOURS)
+    values = []
+    for _ in range(num_series):
+        level = rng.uniform(20, 300)
+        cycle = np.sin(2 * np.pi * (t % 24) / 24 - rng.uniform(0, 2 * np.pi))
+        values.append(level * (1 + 0.3 * cycle) + rng.normal(0, 0.05 * level, len(t)))
+    values = np.array(values)
+    if troubled:
+        train_end = LOAD_HOURS - LOAD_TEST - LOAD_VAL
+        values[0, :train_end] = 0.0
+        values[1, :train_end - 1] = 0.0
+        values[1, train_end - 1] = 0.5
+        values[2, train_end:] *= 3.0
+    hours = np.datetime64("2014-01-01T00") + t.astype("timedelta64[h]")
+    rows = ["time," + ",".join(f"meter{s}" for s in range(num_series))]
+    rows += [f"{hour}," + ",".join(f"{v:.3f}" for v in values[:, i])
+             for i, hour in enumerate(hours)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
