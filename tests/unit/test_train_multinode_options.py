@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dptrain.cli.main import build_parser
-from dptrain.cli.run import rendezvous_argv, rendezvous_conf
+from dptrain.cli.run import rendezvous_argv, rendezvous_conf, rendezvous_host
 from dptrain.cli.train import job_world_sizes, options_from_args
 from dptrain.runtime import resolve_env
-from dptrain.runtime.launch import NodeRange
+from dptrain.runtime.launch import ETCD_HANDLER, NodeRange, etcd_members
 from dptrain.errors import ConfigError
 from dptrain.train.options import check_batch_split
 
@@ -86,3 +86,53 @@ def test_every_world_size_of_an_elastic_job_must_split_the_batch():
                                           r"--nproc 2\).*world sizes that work: 1, 2, 4, 8"):
         for size, source in job_world_sizes(options, single):
             check_batch_split(options.batch_size, size, source)
+
+
+def test_etcd_takes_the_cluster_members_and_a_job_id_of_its_own():
+    """--rdzv-backend etcd: the endpoint lists the members (2379 when a port is left out), the
+    nodes are numbered by the rendezvous, on one node too, under the job's own id."""
+    options = _options("--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:2379, h2, [fd00::3]:32379",
+                       "--rdzv-id", "job7")
+    assert etcd_members(options.rdzv_endpoint) == [("h1", 2379), ("h2", 2379),
+                                                   ("[fd00::3]", 32379)]
+    assert rendezvous_argv(NodeRange(1, 1), None, options.rdzv_endpoint, "job7", "etcd") == [
+        "--nnodes=1", f"--rdzv-backend={ETCD_HANDLER}",
+        "--rdzv-endpoint=h1:2379,h2:2379,[fd00::3]:32379", "--rdzv-id=job7"]
+    assert rendezvous_host(options.rdzv_endpoint) == "h1"  # the interface: towards the first
+    assert rendezvous_host("[fd00::3]:32379,h2") == "fd00::3"
+    with pytest.raises(ConfigError, match="give the job an --rdzv-id of its own"):
+        rendezvous_argv(NodeRange(2, 2), None, "h1:2379", "dptrain", "etcd")
+    with pytest.raises(ConfigError, match="the etcd rendezvous numbers the nodes itself"):
+        rendezvous_argv(NodeRange(2, 2), 0, "h1:2379", "job7", "etcd")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rdzv-backend", "etcd"], "rdzv-backend etcd needs rdzv-endpoint: the etcd cluster's"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:2379,h2:x"], "got 'h2:x'"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "fd00::1"], "an IPv6 address in brackets"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "--nnodes", "2", "--node-rank", "1"],
+     "node-rank 1: the etcd rendezvous numbers the nodes itself"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "--rdzv-conf", "protocol=ftp"],
+     "protocol must be http or https"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "--rdzv-conf", "cacert=/no/ca.pem"],
+     "cacert: no such file '/no/ca.pem'"),
+    (["--rdzv-endpoint", "h:1", "--nnodes", "2", "--rdzv-conf", "protocol=https"],
+     "KEY one of join_timeout"),  # TLS is etcd's
+])
+def test_bad_etcd_options_are_one_line(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        _options(*argv)
+
+
+def test_etcd_tls_settings_take_torch_names_whichever_spelling(tmp_path):
+    """torch's etcd-v2 names (ca_cert, ssl_cert, ssl_cert_key) or the legacy backend's and
+    etcdctl's (cacert, cert, key): what a torchrun user already writes in --rdzv-conf."""
+    for name in ("ca.pem", "me.pem", "me.key"):
+        (tmp_path / name).write_text("")
+    ca, cert, key = (str(tmp_path / n) for n in ("ca.pem", "me.pem", "me.key"))
+    legacy = rendezvous_conf(f"protocol=HTTPS,cacert={ca},cert={cert},key={key}", 30, "etcd")
+    torch_names = rendezvous_conf(f"protocol=https,ca_cert={ca},ssl_cert={cert},"
+                                  f"ssl_cert_key={key}", 30, "etcd")
+    assert legacy == torch_names == {"join_timeout": "30", "read_timeout": "30",
+                                     "protocol": "https", "ca_cert": ca, "ssl_cert": cert,
+                                     "ssl_cert_key": key}

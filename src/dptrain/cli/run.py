@@ -9,7 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from dptrain.runtime.launch import NodeRange, rendezvous_settings
+from dptrain.runtime.launch import (DEFAULT_RDZV_ID, ETCD_HANDLER, NodeRange, etcd_members,
+                                    rendezvous_settings)
 from dptrain.runtime.threads import ThreadShare, env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError
 
@@ -32,11 +33,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "without a lost node and takes in one that comes")
     p.add_argument("--node-rank", type=int, default=None,
                    help="this node's rank; with it the rendezvous is static, else dynamic")
-    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="rendezvous host:port reachable from every node (required if --nnodes>1)")
-    p.add_argument("--rdzv-id", default="dptrain", help="job id shared by all nodes")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT[,...]",
+                   help="rendezvous host:port reachable from every node (required if --nnodes>1);"
+                        " with --rdzv-backend etcd the etcd cluster's members, h1:2379,h2:2379")
+    p.add_argument("--rdzv-backend", default="c10d", choices=("c10d", "etcd"),
+                   help="where the dynamic rendezvous keeps its state: c10d, in the agent of the "
+                        "node the endpoint names (default); etcd, in an etcd cluster (v2 API, "
+                        "dptrain[etcd]), so that no node is the one the others need")
+    p.add_argument("--rdzv-id", default=DEFAULT_RDZV_ID,
+                   help="job id shared by all nodes (with etcd: each job its own)")
     p.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
-                   help="settings of torch's dynamic rendezvous (e.g. last_call_timeout=30)")
+                   help="settings of torch's dynamic rendezvous (e.g. last_call_timeout=30); "
+                        "with etcd also protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= "
+                        "(or cacert=, cert=, key=)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart every worker up to K times after a failure (default 0)")
     p.add_argument("--threads", type=int, default=0,
@@ -68,16 +77,20 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"script not found: {args.script}")
     nodes = NodeRange.parse(args.nnodes)
     argv = [f"--nproc-per-node={nproc}", f"--max-restarts={args.max_restarts}",
-            *rendezvous_argv(nodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)]
+            *rendezvous_argv(nodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
+                             args.rdzv_backend)]
     # The worker wrapper records a raising script's traceback for the agent's failure report.
     return [*argv, "-m", "dptrain.cli.worker", args.script, *args.script_args]
 
 
 def rendezvous_argv(nodes: NodeRange, node_rank: int | None, rdzv_endpoint: str | None,
-                    rdzv_id: str) -> list[str]:
+                    rdzv_id: str, backend: str = "c10d") -> list[str]:
     """torchrun's rendezvous options: standalone on one node, else static (a node rank given)
-    or dynamic (c10d) at the endpoint, elastic when `nodes` is a range. Shared by `dptrain run`
+    or dynamic (c10d) at the endpoint, elastic when `nodes` is a range; with `backend` etcd,
+    dynamic in the etcd cluster the endpoint lists, on one node too. Shared by `dptrain run`
     and `dptrain train`."""
+    if backend == "etcd":
+        return _etcd_argv(nodes, node_rank, rdzv_endpoint or "", rdzv_id)
     if nodes.max_nodes == 1 and not rdzv_endpoint:
         return ["--standalone"]
     if not rdzv_endpoint or ":" not in rdzv_endpoint:
@@ -100,29 +113,53 @@ def rendezvous_argv(nodes: NodeRange, node_rank: int | None, rdzv_endpoint: str 
             f"--rdzv-id={rdzv_id}"]
 
 
+def _etcd_argv(nodes: NodeRange, node_rank: int | None, rdzv_endpoint: str,
+               rdzv_id: str) -> list[str]:
+    if node_rank is not None:
+        raise ConfigError(f"--node-rank {node_rank}: the etcd rendezvous numbers the nodes "
+                          f"itself; leave --node-rank out")
+    members = etcd_members(rdzv_endpoint)
+    if rdzv_id == DEFAULT_RDZV_ID:
+        # On an etcd cluster the id is all that tells two jobs apart: two jobs that both took
+        # the default would meet in one rendezvous.
+        raise ConfigError(f"--rdzv-backend etcd: give the job an --rdzv-id of its own, the "
+                          f"same on every node (e.g. the scheduler's job id): the jobs on an "
+                          f"etcd cluster are told apart by it (not the default "
+                          f"{DEFAULT_RDZV_ID!r})")
+    return [f"--nnodes={nodes}", f"--rdzv-backend={ETCD_HANDLER}",
+            f"--rdzv-endpoint={','.join(f'{host}:{port}' for host, port in members)}",
+            f"--rdzv-id={rdzv_id}"]
+
+
 def rendezvous_host(rdzv_endpoint: str | None) -> str:
-    """The host every node dials: the endpoint's, or this machine's for a standalone job."""
+    """The host every node dials: the endpoint's (an etcd cluster's first member), or this
+    machine's for a standalone job."""
     if not rdzv_endpoint:
         return "localhost"
-    return rdzv_endpoint.rpartition(":")[0].strip("[]")
+    first = rdzv_endpoint.split(",")[0].strip()
+    if ":" in first and not first.endswith("]"):  # HOST:PORT, [IPV6]:PORT
+        first = first.rpartition(":")[0]
+    return first.strip("[]")
 
 
-def rendezvous_conf(user_conf: str, timeout_s: float | None = None) -> dict[str, str]:
-    """torch's c10d rendezvous settings: `timeout_s` (dptrain train's --timeout) as the time to
-    wait for the first MIN nodes (join_timeout) and for the store's host (read_timeout), then
+def rendezvous_conf(user_conf: str, timeout_s: float | None = None,
+                    backend: str = "c10d") -> dict[str, str]:
+    """torch's dynamic rendezvous settings: `timeout_s` (dptrain train's --timeout) as the time
+    to wait for the first MIN nodes (join_timeout) and for the store's host (read_timeout), then
     the user's `KEY=VALUE,...`, which win."""
     conf = {}
     if timeout_s is not None:
         seconds = str(max(1, math.ceil(timeout_s)))  # torch reads whole seconds
         conf.update(join_timeout=seconds, read_timeout=seconds)
-    return {**conf, **rendezvous_settings(user_conf)}
+    return {**conf, **rendezvous_settings(user_conf, backend)}
 
 
-def _network_interface(rdzv_endpoint: str | None, max_nodes: int
+def _network_interface(rdzv_endpoint: str | None, max_nodes: int, backend: str = "c10d"
                        ) -> tuple[list[str], dict[str, str]]:
-    """Export the interface that reaches the rendezvous host for every worker's gloo/NCCL, and
-    on several nodes tell the agent this node's address on it (torch's default, the host name,
-    may resolve to the loopback); extra torchrun options and rendezvous settings."""
+    """Export the interface that reaches the rendezvous host (etcd's first member) for every
+    worker's gloo/NCCL, and on several nodes tell the agent this node's address on it (torch's
+    default, the host name, may resolve to the loopback); extra torchrun options and rendezvous
+    settings."""
     from dptrain.runtime.netif import export_interface, is_this_machine
 
     host = rendezvous_host(rdzv_endpoint)
@@ -132,7 +169,9 @@ def _network_interface(rdzv_endpoint: str | None, max_nodes: int
     print(f"dptrain: network interface {choice.name or '(left to the backends)'}: "
           f"{choice.reason}", file=sys.stderr, flush=True)
     extra = [f"--local-addr={choice.address}"] if choice.address else []
-    # A dynamic rendezvous is served by the node the endpoint names; torch recognises it by
+    if backend == "etcd":  # no node serves it
+        return extra, {}
+    # A c10d rendezvous is served by the node the endpoint names; torch recognises it by
     # its host name's addresses, which miss it when that name resolves to the loopback.
     return extra, {"is_host": str(int(is_this_machine(host)))}
 
@@ -180,12 +219,15 @@ def _worker_environment(nproc: int, max_nodes: int) -> None:
 
 def launch(argv: list[str], nproc: int, command: str = "run", *,
            rdzv_endpoint: str | None = None, max_nodes: int = 1,
-           rdzv_conf: dict[str, str] | None = None, end_record: Path | None = None) -> int:
+           rdzv_conf: dict[str, str] | None = None, end_record: Path | None = None,
+           rdzv_backend: str = "c10d") -> int:
     """Run torchrun's agent with `argv` in this process. Returns 0; an expected error's own
     status with its one line; 1 naming the failed rank; or 128 + N after signal N (SIGTERM,
     Ctrl-C), the agent having stopped the workers. `end_record`: where an elastic job's agents
     record its end (`dptrain.cli.job_end`) and where a node that finds the rendezvous closed
-    or gone reads why."""
+    or gone reads why. With `rdzv_backend` etcd, an etcd cluster that cannot serve the job (no
+    client installed, no member answering, no v2 API) is a ConfigError before anything
+    starts."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
@@ -194,8 +236,13 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
     from dptrain.cli.agent import JobStopped, _describe, _lost_peer, _our_agent, \
         expected_error, root_cause
 
+    if rdzv_backend == "etcd":
+        from dptrain.cli import etcd_rendezvous
+
+        etcd_rendezvous.check_cluster(rdzv_endpoint or "", rdzv_conf or {})
+        etcd_rendezvous.register()
     _worker_environment(nproc, max_nodes)
-    extra, conf = _network_interface(rdzv_endpoint, max_nodes)
+    extra, conf = _network_interface(rdzv_endpoint, max_nodes, rdzv_backend)
     conf.update(rdzv_conf or {})
     if conf:
         extra.append(f"--rdzv-conf={','.join(f'{k}={v}' for k, v in conf.items())}")
@@ -302,4 +349,5 @@ def run_command(args: argparse.Namespace) -> int:
         use_threads(args.threads)
     return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
                   max_nodes=NodeRange.parse(args.nnodes).max_nodes,
-                  rdzv_conf=rendezvous_conf(args.rdzv_conf))
+                  rdzv_conf=rendezvous_conf(args.rdzv_conf, backend=args.rdzv_backend),
+                  rdzv_backend=args.rdzv_backend)

@@ -220,16 +220,19 @@ def train_command(args: argparse.Namespace) -> int:
     os.replace(tmp, options_file)
     rendezvous = rendezvous_argv(options.nodes,
                                  None if options.node_rank < 0 else options.node_rank,
-                                 options.rdzv_endpoint or None, options.rdzv_id)
-    dynamic = options.nodes.max_nodes > 1 and options.node_rank < 0
+                                 options.rdzv_endpoint or None, options.rdzv_id,
+                                 options.rdzv_backend)
+    dynamic = options.node_rank < 0 and (options.nodes.max_nodes > 1 or
+                                         options.rdzv_backend == "etcd")
     argv = [f"--nproc-per-node={options.nproc}", f"--max-restarts={options.max_restarts}",
             *rendezvous, "-m", "dptrain.cli.train_worker", str(options_file)]
     try:
         return launch(argv, options.nproc, command="train",
                       rdzv_endpoint=options.rdzv_endpoint or None,
                       max_nodes=options.nodes.max_nodes,
-                      rdzv_conf=rendezvous_conf(options.rdzv_conf, options.timeout)
-                      if dynamic else None, end_record=end_record)
+                      rdzv_conf=rendezvous_conf(options.rdzv_conf, options.timeout,
+                                                options.rdzv_backend) if dynamic else None,
+                      end_record=end_record, rdzv_backend=options.rdzv_backend)
     finally:
         if not options.out:
             shutil.rmtree(options_file.parent, ignore_errors=True)
