@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,export,tune,docs]"
+	$(PY) -m pip install --quiet -e ".[test,export,tune,docs,etcd]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -21,9 +21,10 @@ setup: $(VENV)/.installed
 # The launchers the e2e tests run for real, from the distribution: OpenMPI and MPICH (mpirun,
 # mpiexec), Slurm with munge (a one-node cluster that the tests start and stop themselves), and
 # PostgreSQL (a server `dptrain tune --storage postgresql://` is tested against, started by the test),
+# etcd (the three-member clusters `--rdzv-backend etcd` is tested against, started by the tests),
 # and a C compiler (the native TAGI step is built at first use; without one it is skipped).
-SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge postgresql gcc
-SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged pg_ctlcluster cc
+SYSTEM_PACKAGES := openmpi-bin mpich slurmd slurmctld slurm-client munge postgresql etcd-server gcc
+SYSTEM_COMMANDS := mpirun.openmpi mpiexec.mpich slurmd slurmctld srun munged pg_ctlcluster etcd cc
 system-deps:
 	@for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing=1; done; \
 	[ -z "$$missing" ] || { \
