@@ -78,3 +78,21 @@ def test_without_optuna_one_line_says_how_to_install(monkeypatch, capsys):
     assert main(["tune", "--space", "lr=log:1e-3:1e-1", "--out", "x"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'dptrain[tune]'" in err and err.count("\n") == 1
+
+
+def test_every_start_of_a_trial_meets_in_a_rendezvous_of_its_own():
+    """The runs of a study's trials, and a trial taken over from a dead worker, must not meet
+    in one rendezvous on a shared etcd cluster (--rdzv-backend etcd): each start of a run takes
+    an id of its own, and the base options with etcd pass without one."""
+    from pathlib import Path
+
+    from dptrain.tune.runner import trial_rdzv_id
+    from dptrain.tune.search import check_base
+
+    first, again = (trial_rdzv_id(Path("runs/study/trial-0003")) for _ in range(2))
+    assert first.startswith("tune-study-trial-0003-") and first != again
+    options, base = parse(["--out", "s", "--space", "lr=log:1e-4:1e-1", "--rdzv-backend",
+                           "etcd", "--rdzv-endpoint", "h1:2379,h2:2379"])
+    assert base["rdzv_backend"] == "etcd" and "rdzv_id" not in base
+    train, _ = check_base(options, base, preflight=False)  # the runs' options resolve
+    assert (train.rdzv_backend, train.rdzv_endpoint) == ("etcd", "h1:2379,h2:2379")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Protocol
 
@@ -63,9 +64,16 @@ class SubprocessTrial:
         return self.popen.wait()
 
 
+def trial_rdzv_id(run_dir: Path) -> str:
+    """The rendezvous id of one start of a trial's run: the study's and the trial's names and a
+    random part. Trials running at once on a shared etcd cluster (--rdzv-backend etcd), and a
+    trial and the one that takes it over from a dead worker, must not meet in one rendezvous."""
+    return f"tune-{run_dir.parent.name}-{run_dir.name}-{uuid.uuid4().hex[:8]}"
+
+
 class SubprocessRunner:
-    """Runs `python -m dptrain train` with this interpreter; its output goes to train.log in the
-    run directory."""
+    """Runs `python -m dptrain train` with this interpreter, under a rendezvous id of its own
+    (`trial_rdzv_id`); its output goes to train.log in the run directory."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.env = env
@@ -73,7 +81,7 @@ class SubprocessRunner:
     def start(self, run_dir: Path, config: Path) -> SubprocessTrial:
         run_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "dptrain", "train", "--config", str(config),
-                "--out", str(run_dir), "--no-progress"]
+                "--out", str(run_dir), "--no-progress", "--rdzv-id", trial_rdzv_id(run_dir)]
         with open(run_dir / "train.log", "ab") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
