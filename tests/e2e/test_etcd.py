@@ -54,36 +54,46 @@ def _store_key_names(leaves: list[str], job: str) -> set[str]:
             if k.startswith(prefix)}
 
 
+def _watching(procs: dict[str, subprocess.Popen], client) -> tuple[dict[str, str], set[str]]:
+    """Each process's output once all have ended, and every key seen on the cluster while they
+    ran (read every 50 ms); past RUN_S they are stopped and the test fails."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + RUN_S
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            assert time.monotonic() < deadline, f"still running after {RUN_S}s"
+            seen.update(_leaves(client))
+            time.sleep(0.05)
+        return {name: p.communicate()[0] for name, p in procs.items()}, seen
+    finally:
+        for p in procs.values():
+            stop(p)
+
+
 @pytest.mark.dist
 def test_two_jobs_on_one_cluster_train_as_under_c10d_and_leave_no_keys(etcd_cluster, tmp_path):
     """Two 2-process jobs with their own run ids on one cluster at the same time: each trains
     on its own world of 2, with the parameters of the same run under c10d; while they run each
     job's keys are in its own directory and its store names only its own rendezvous; once they
     have finished, no key is left on the cluster."""
-    reference = run(dptrain_cmd(*TRAIN, "--out", str(tmp_path / "c10d")), timeout_s=RUN_S)
-    assert reference.returncode == 0, reference.output
-    jobs = {"job-a": tmp_path / "a", "job-b": tmp_path / "b"}
+    jobs = {"job-a": tmp_path / "a", "job-b": tmp_path / "b", "c10d": tmp_path / "c10d"}
+
+    def rendezvous(job: str) -> list[str]:
+        # The reference runs beside them: its standalone rendezvous is a port of its own.
+        return [] if job == "c10d" else ["--rdzv-backend", "etcd", "--rdzv-endpoint",
+                                         etcd_cluster.endpoint, "--rdzv-id", job]
+
     procs = {job: subprocess.Popen(
-        dptrain_cmd(*TRAIN, "--out", str(out), "--rdzv-backend", "etcd", "--rdzv-endpoint",
-                    etcd_cluster.endpoint, "--rdzv-id", job),
-        cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True) for job, out in jobs.items()}
-    client, seen = etcd_cluster.client(), set()
-    deadline = time.monotonic() + RUN_S
-    try:
-        while any(p.poll() is None for p in procs.values()):
-            assert time.monotonic() < deadline, f"jobs still running after {RUN_S}s"
-            seen.update(_leaves(client))
-            time.sleep(0.05)
-        outputs = {job: p.communicate()[0] for job, p in procs.items()}
-    finally:
-        for p in procs.values():
-            stop(p)
+        dptrain_cmd(*TRAIN, "--out", str(out), *rendezvous(job)), cwd=REPO, env=base_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for job, out in jobs.items()}
+    client = etcd_cluster.client()
+    outputs, seen = _watching(procs, client)
     for job, out in jobs.items():
         assert procs[job].returncode == 0, outputs[job]
         assert _summary(out)["world_size"] == 2, outputs[job]
-        assert _summary(out)["params_sha256"] == _summary(tmp_path / "c10d")["params_sha256"]
-    for job, other in (("job-a", "job-b"), ("job-b", "job-a")):
+        assert _summary(out)["params_sha256"] == _summary(jobs["c10d"])["params_sha256"]
+    for job, other in (("job-a", "job-b"), ("job-b", "job-a")):  # apart from each other
         mine = _store_key_names(sorted(seen), job)
         assert any(k.startswith(f"torch.rendezvous.{job}.") for k in mine), (job, seen)
         assert not [k for k in mine if other in k], (job, mine)
@@ -238,3 +248,27 @@ def test_a_cluster_that_takes_only_tls_is_reached_with_the_certificates(tmp_path
     assert refused.returncode == 2 and refused.stderr.splitlines() == [
         f"dptrain run: error: --rdzv-backend etcd: the etcd cluster at {cluster.endpoint} "
         f"{NO_MEMBER}"], refused.output
+
+
+@pytest.mark.dist
+def test_a_search_runs_its_trials_in_rendezvous_of_their_own(etcd_cluster, tmp_path):
+    """`dptrain tune` with the runs' rendezvous in etcd: a 2-process trial meets under an id
+    of its own (no --rdzv-id given) and leaves no key."""
+    pytest.importorskip("optuna")
+    study = tmp_path / "study"
+    search = subprocess.Popen(
+        dptrain_cmd("tune", "--model", "tagi-mlp", "--dataset", "toy1d", "--nproc", "2",
+                    "--monitor", "train_rmse", "--hidden", "16", "--epochs", "2", "--out",
+                    str(study), "--space", "sigma_v=float:0.1:0.5", "--max-trials", "1",
+                    "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd_cluster.endpoint),
+        cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    client = etcd_cluster.client()
+    outputs, seen = _watching({"tune": search}, client)
+    log = (study / "trial-0000" / "train.log").read_text()
+    assert search.returncode == 0, outputs["tune"] + log
+    assert "1 of 1 trials done" in outputs["tune"], outputs["tune"]
+    assert "2 process(es) (torchrun" in log, log
+    jobs = {k.split("/")[3] for k in seen}
+    assert len(jobs) == 1 and jobs.pop().startswith("tune-study-trial-0000-"), seen
+    assert _leaves(client) == []
