@@ -159,7 +159,16 @@ def test_the_job_goes_on_when_the_first_member_dies(etcd_cluster, tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         etcd_cluster.kill(0)
-        time.sleep(3)  # heartbeats through another member
+        state = f"{etcd_rendezvous.job_directory('survivor')}/rendezvous"
+        client = etcd_cluster.client()  # of the members left
+        beat = client.read(state).modifiedIndex
+        # The agent's heartbeats (each a write of the state) go on through another member,
+        # after a pause when the member killed led the cluster: a write forwarded to it is
+        # lost, and its sender waits out its request timeout (REQUEST_TIMEOUT_S).
+        waited = time.monotonic() + etcd_rendezvous.REQUEST_TIMEOUT_S + 10
+        while client.read(state).modifiedIndex <= beat:
+            assert time.monotonic() < waited, "no heartbeat after the first member died"
+            time.sleep(0.2)
         assert proc.poll() is None, log.read_text()
         gate.unlink()
         assert proc.wait(timeout=RUN_S) == 0, log.read_text()

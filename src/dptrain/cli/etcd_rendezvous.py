@@ -55,10 +55,12 @@ KEYS_TTL_S = 600
 how long the cluster may be out of reach of every agent before the job's keys go."""
 RENEW_EVERY_S = 30.0
 """How often each agent renews the TTLs (well inside KEYS_TTL_S)."""
-REQUEST_TIMEOUT_S = 10
-"""How long one request to a member may take before the client moves to another member (a
-member that hangs rather than refuses). torch's read_timeout (dptrain's --timeout) would leave
-the job waiting minutes on one member."""
+REQUEST_TIMEOUT_S = 5
+"""How long one request to a member may take before the client moves to another member: one
+that hangs rather than refuses, or one whose write waits on a leader that died (etcd's own
+request timeout is 7 s or more). A write takes milliseconds otherwise; torch's read_timeout
+(dptrain's --timeout) would leave the job waiting minutes on one member. The store's waits
+have timeouts of their own."""
 
 
 def import_client() -> Any:
