@@ -250,10 +250,10 @@ class JobKeys:
 
 class JobHandler(RendezvousHandler):
     """torch's dynamic handler of the job, which also holds the job's keys (`JobKeys`) while
-    this agent runs and releases them when torch's launcher shuts the rendezvous down (after
-    the agent's exit barrier, so every node is done with the store). An agent stopped by a
-    signal never gets there: it leaves the rendezvous open to a node that restarts, as torch
-    does, and its key expires."""
+    this agent runs and releases them when torch's launcher shuts the rendezvous down, after
+    the agent's exit barrier: the directory goes with the last agent's release, once no other
+    agent can still be reading the store. An agent stopped by a signal never gets there: it
+    leaves the rendezvous open to a node that restarts, as torch does, and its key expires."""
 
     def __init__(self, inner: RendezvousHandler, keys: JobKeys) -> None:
         self._inner, self._keys = inner, keys
