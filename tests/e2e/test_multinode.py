@@ -285,3 +285,45 @@ def test_an_expected_error_on_one_node_ends_the_other_node_at_once(
     assert "dptrain run: error: rank 1: --widget must be positive, got -1" in b, b
     assert "dptrain run: node 1 ended the job: rank 1: --widget must be positive, got -1" in a, a
     assert took < 60, f"{took:.0f} s\n{a}\n{b}"
+
+
+def test_dptrain_run_across_two_hosts_with_the_rendezvous_in_etcd(
+        two_hosts, tmp_path):  # noqa: F811
+    """An etcd cluster of three members living on the hosts (two on a, one on b: the
+    helper a test across more hosts reuses, tests/_etcd.py), and a dynamic rendezvous in it:
+    torch numbers the nodes, each agent tells the others the address that reaches it, and
+    no key is left once the job has ended."""
+    from tests._etcd import EtcdCluster, Member, unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"etcd tests skipped: {unavailable_reason()}")
+    a, b = two_hosts.hosts
+    cluster = EtcdCluster([
+        Member(f"m{i}", host.address, client, client + 1, tmp_path / "etcd" / f"m{i}",
+               prefix=tuple(host.cmd()))
+        for i, (host, client) in enumerate(((a, 2379), (b, 2379), (a, 22379)))])
+    with cluster:
+        nodes = Nodes(two_hosts, [
+            [PYTHON, "-m", "dptrain", "run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "etcd", "--rdzv-endpoint", cluster.endpoint, "--rdzv-id",
+             "two-hosts", ALLREDUCE] for _ in range(2)], tmp_path)
+        assert nodes.wait(60) == [0, 0], nodes.output(0) + nodes.output(1)
+        leaves = subprocess.run(a.cmd(PYTHON, "-c", LEAVES, cluster.endpoint),
+                                capture_output=True, text=True, timeout=30, env=node_env())
+    both = nodes.output(0) + nodes.output(1)
+    for rank in (0, 1):
+        assert f"rank {rank}/2 (torchrun): all-reduce sum 3 ok" in both, both
+    for i, host in enumerate((a, b)):
+        out = nodes.output(i)
+        assert f"network interface {host.ifname}: the route to the rendezvous host {a.address} " \
+               f"({a.address}) leaves from {host.address}" in out, out
+    assert leaves.returncode == 0 and leaves.stdout.split() == [], leaves
+
+
+LEAVES = """
+import sys
+from dptrain.cli.etcd_rendezvous import make_client
+found = make_client(sys.argv[1], {}).read("/", recursive=True)
+print(*[node.key for node in found.leaves if not node.dir])
+"""
+"""Every key holding a value on the cluster, printed from inside a host."""
