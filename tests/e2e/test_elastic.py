@@ -85,10 +85,12 @@ class Node:
     def output(self) -> str:
         return self.log.read_text()
 
-    def kill(self) -> None:
-        """The whole node: its agent and every worker, at once (SIGKILL, no goodbye)."""
+    def kill(self, spare: frozenset[int] = frozenset()) -> None:
+        """The whole node: its agent and every worker, at once (SIGKILL, no goodbye); the
+        processes `spare` names (another service on the host) go on."""
         pids = subprocess.run(["ip", "netns", "pids", self.host.ns], capture_output=True,
                               text=True, timeout=20).stdout.split()
+        pids = [pid for pid in pids if int(pid) not in spare]
         subprocess.run(["kill", "-9", *pids], capture_output=True, timeout=20)
         self.proc.wait(timeout=20)
 
@@ -220,3 +222,54 @@ def test_a_lost_node_leaves_the_others_going_and_a_node_that_comes_back_joins(
     assert "dptrain train: the elastic job 'elastic-test' ended at " in late_text, late_text
     assert f"(succeeded; {out / 'ended-elastic-test.json'}); nothing to join" in late_text
     assert took < 30, f"the late node took {took:.1f} s\n{late_text}"
+
+
+def test_with_the_rendezvous_in_etcd_the_job_goes_on_without_the_node_named_first(
+        two_hosts, tmp_path):  # noqa: F811
+    """Under c10d the node the endpoint names serves the rendezvous, and the job cannot
+    outlive it. With the rendezvous in an etcd cluster whose members live on both hosts, node
+    a's agent and worker are killed mid-epoch (its etcd members go on) and node b goes on
+    alone from the newest checkpoint to the end."""
+    from tests._etcd import EtcdCluster, Member, unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"etcd tests skipped: {unavailable_reason()}")
+    a, b = two_hosts.hosts
+    gate, pace = tmp_path / "hold", tmp_path / "pace"
+    data = tmp_path / "gated.py"
+    data.write_text(GATED_DATA.format(gate=str(gate), pace=str(pace)))
+    pace.touch()
+    out, logs = tmp_path / "shared", tmp_path / "logs"
+    logs.mkdir()
+    cluster = EtcdCluster([
+        Member(f"m{i}", host.address, client, client + 1, tmp_path / "etcd" / f"m{i}",
+               prefix=tuple(host.cmd()))
+        for i, (host, client) in enumerate(((a, 2379), (b, 2379), (a, 22379)))])
+    job = Job(out, gate, logs, [
+        PYTHON, "-m", "dptrain", *COMMON, "--dataset", f"{data}:load", "--nproc", "1",
+        "--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", cluster.endpoint,
+        "--rdzv-id", "etcd-elastic", "--rdzv-conf",
+        "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3",
+        "--max-restarts", "2", "--timeout", "60", "--out", str(out)])
+    gate.touch()
+    with cluster:
+        try:
+            node_a, node_b = job.start(a), job.start(b)
+            job.wait_for("the workers on 2 nodes", lambda: job.started_at(2) == 1)
+            job.train_until_a_new_checkpoint()
+            node_a.kill(spare=frozenset(m.proc.pid for m in cluster.members))
+            gate.unlink()  # b's worker goes on to the step's all-reduce and finds a gone
+            assert node_b.proc.wait(timeout=max(1, job.deadline - time.monotonic())) == 0, \
+                job.text()
+        finally:
+            gate.unlink(missing_ok=True)
+            for node in job.nodes:
+                if node.proc.poll() is None:
+                    node.kill(spare=frozenset(m.proc.pid for m in cluster.members))
+    text_b = node_b.output()
+    assert "restarting every worker" in text_b and "resumed from" in text_b, job.text()
+    assert "Traceback" not in job.text(), job.text()
+    worlds = [w for _, w in _world_sizes_of_the_checkpoints(out)]
+    assert worlds[0] == 2 and worlds[-1] == 1, _world_sizes_of_the_checkpoints(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["final_epoch"] == EPOCHS
