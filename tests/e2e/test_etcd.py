@@ -133,31 +133,39 @@ def load():
 """
 
 
-@pytest.mark.dist
-def test_the_job_goes_on_when_the_first_member_dies(etcd_cluster, tmp_path):
-    """The member every agent talks to first is killed while the workers train (held at a
-    gate): the agents' heartbeats (one a second), the exit barrier and the removal of the
-    job's keys go through the other members, and the job ends as it would have."""
+def _held_job(cluster, tmp_path: Path, rdzv_id: str) -> tuple[subprocess.Popen, Path, Path]:
+    """A 2-process etcd job (heartbeats every second) whose workers are held at a gate once
+    they train: (its process, its log, the gate, to be removed to let it go)."""
     gate = tmp_path / "hold"
     gate.touch()
     data = tmp_path / "gated.py"
     data.write_text(GATED_DATA.format(gate=str(gate)))
-    out = tmp_path / "run"
     log = tmp_path / "train.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen(
             dptrain_cmd("train", "--dataset", f"{data}:load", "--model", "tagi-mlp",
                         "--hidden", "8", "--batch-size", "16", "--epochs", "1", "--workers",
-                        "0", "--no-progress", "--out", str(out), "--rdzv-backend", "etcd",
-                        "--rdzv-endpoint", etcd_cluster.endpoint, "--rdzv-id", "survivor",
+                        "0", "--no-progress", "--out", str(tmp_path / "run"), "--rdzv-backend",
+                        "etcd", "--rdzv-endpoint", cluster.endpoint, "--rdzv-id", rdzv_id,
                         "--rdzv-conf", "keep_alive_interval=1"),
             cwd=REPO, env=base_env(), stdout=sink, stderr=subprocess.STDOUT,
             start_new_session=True)
+    deadline = time.monotonic() + RUN_S
+    while "process(es) (torchrun" not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(f"the job never trained\n{log.read_text()}")
+        time.sleep(0.1)
+    return proc, log, gate
+
+
+@pytest.mark.dist
+def test_the_job_goes_on_when_the_first_member_dies(etcd_cluster, tmp_path):
+    """The member every agent talks to first is killed while the workers train (held at a
+    gate): the agent's heartbeats, the exit barrier and the removal of the job's keys go
+    through the other members, and the job ends as it would have."""
+    proc, log, gate = _held_job(etcd_cluster, tmp_path, "survivor")
     try:
-        deadline = time.monotonic() + RUN_S
-        while "process(es) (torchrun" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
         etcd_cluster.kill(0)
         state = f"{etcd_rendezvous.job_directory('survivor')}/rendezvous"
         client = etcd_cluster.client()  # of the members left
@@ -175,9 +183,32 @@ def test_the_job_goes_on_when_the_first_member_dies(etcd_cluster, tmp_path):
     finally:
         gate.unlink(missing_ok=True)
         stop(proc)
-    assert _summary(out)["world_size"] == 2
+    assert _summary(tmp_path / "run")["world_size"] == 2
     assert "Traceback" not in log.read_text(), log.read_text()
     assert _leaves(etcd_cluster.client()) == []
+
+
+@pytest.mark.dist
+def test_the_workers_train_on_while_the_whole_cluster_is_down(etcd_cluster, tmp_path):
+    """Every member killed while the workers train: they never talk to etcd, so they end
+    the run; the agent says once that the cluster does not answer (torch's would have ended
+    the job at its next look for nodes waiting to join)."""
+    proc, log, gate = _held_job(etcd_cluster, tmp_path, "alone")
+    try:
+        for member in range(3):
+            etcd_cluster.kill(member)
+        time.sleep(2)  # a few of the agent's looks
+        assert proc.poll() is None, log.read_text()
+        gate.unlink()
+        assert proc.wait(timeout=RUN_S) == 0, log.read_text()
+    finally:
+        gate.unlink(missing_ok=True)
+        stop(proc)
+    assert _summary(tmp_path / "run")["world_size"] == 2
+    text = log.read_text()
+    assert text.count(f"dptrain: the etcd cluster at {etcd_cluster.endpoint} does not answer "
+                      f"(No more machines in the cluster); the workers train on") == 1, text
+    assert "Traceback" not in text, text
 
 
 def test_the_agents_store_and_the_keys_of_a_job(etcd_cluster):

@@ -31,13 +31,15 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousParameters,
+from torch.distributed.elastic.rendezvous import (RendezvousConnectionError, RendezvousHandler,
+                                                  RendezvousParameters,
                                                   rendezvous_handler_registry)
 from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
 from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
@@ -255,8 +257,9 @@ class JobHandler(RendezvousHandler):
     agent can still be reading the store. An agent stopped by a signal never gets there: it
     leaves the rendezvous open to a node that restarts, as torch does, and its key expires."""
 
-    def __init__(self, inner: RendezvousHandler, keys: JobKeys) -> None:
-        self._inner, self._keys = inner, keys
+    def __init__(self, inner: RendezvousHandler, keys: JobKeys, endpoint: str) -> None:
+        self._inner, self._keys, self._endpoint = inner, keys, endpoint
+        self._out_of_reach = False
 
     def get_backend(self) -> str:
         return ETCD_HANDLER
@@ -275,7 +278,25 @@ class JobHandler(RendezvousHandler):
         self._inner.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        return self._inner.num_nodes_waiting()
+        """torch's answer; 0 while the cluster is out of reach, said once. torch's agent asks
+        it between its looks at the workers and would end the job on the error, though they
+        train on without etcd: an outage of the cluster would end every job on it. A node
+        waiting to join is seen at the first look that gets through."""
+        try:
+            waiting = self._inner.num_nodes_waiting()
+        except RendezvousConnectionError as err:
+            if not self._out_of_reach:
+                cause = err.__cause__ or err
+                print(f"dptrain: the etcd cluster at {self._endpoint} does not answer "
+                      f"({str(cause).splitlines()[0] if str(cause) else type(cause).__name__})"
+                      f"; the workers train on", file=sys.stderr, flush=True)
+            self._out_of_reach = True
+            return 0
+        if self._out_of_reach:
+            print(f"dptrain: the etcd cluster at {self._endpoint} answers again",
+                  file=sys.stderr, flush=True)
+        self._out_of_reach = False
+        return waiting
 
     def get_run_id(self) -> str:
         return self._inner.get_run_id()
@@ -292,7 +313,6 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     A cluster out of reach is torch's RendezvousConnectionError, which the launcher reports in
     one line like any rendezvous that failed (`dptrain.cli.run`)."""
     import etcd
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         create_handler as dynamic_handler)
 
@@ -305,7 +325,8 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
         raise RendezvousConnectionError(f"no member of the etcd cluster answers ({err})"
                                         ) from err
     store = JobStore(client, f"{job_dir}/store")
-    return JobHandler(dynamic_handler(store, JobBackend(client, job_dir), params), keys)
+    return JobHandler(dynamic_handler(store, JobBackend(client, job_dir), params), keys,
+                      params.endpoint)
 
 
 def register() -> None:
