@@ -12,7 +12,7 @@ Forward, per position a Linear (weights (P, E): the Q, K, V blocks stacked) and 
     q, k ← RoPE(q), RoPE(k)       pairs (2i, 2i+1) rotated by t·θ^(−2i/D); v' = c² v₁ + s² v₂
     s[t, u] = Σ_d q[t, d] k[u, d]           (no 1/sqrt(D) scale, as cuTAGI) product moments
     s[t, u] = 0 (mean and variance) for u > t                        (the causal mask)
-    a[t, ·] = Remax(s[t, ·]),  J = its Jacobian
+    a[t, ·] = Remax(s[t, ·]),  J = its Jacobian;  a[t, u] = 0, J = 0 for u > t
     o[t, d] = Σ_u a[t, u] v[u, d]                                     product moments
 
 Backward (innovations δ; posterior m + v δ, as every layer), with the means of the forward::
@@ -230,7 +230,9 @@ class MultiheadAttention(ParamLayer):
         mu_s, var_s = mu_s.masked_fill(future, 0.0), var_s.masked_fill(future, 0.0)
         mu_a, var_a, jcb = self._remax.moments(mu_s.reshape(-1, steps),
                                                var_s.reshape(-1, steps))
-        mu_a, var_a, jcb = (t.view(mu_s.shape) for t in (mu_a, var_a, jcb))
+        # Remax floors every weight, the masked ones too: zeroed, no future value is read
+        mu_a, var_a, jcb = (t.view(mu_s.shape).masked_fill(future, 0.0)
+                            for t in (mu_a, var_a, jcb))
         mu_o, var_o = _product_moments(mu_a, var_a, mu_v, var_v)  # (B, H, T, D)
         shape = mu_x.shape
         mu_o = mu_o.transpose(1, 2).reshape(shape)
@@ -238,7 +240,7 @@ class MultiheadAttention(ParamLayer):
         if self.training:
             self._saved = dict(x=x, x_sq=x_sq, jcb=states.jcb, shape=shape, steps=steps,
                                mu_q=mu_q, mu_k=mu_k, mu_v=mu_v, mu_a=mu_a,
-                               jcb_s=jcb.masked_fill(future, 0.0), tables=tables)
+                               jcb_s=jcb, tables=tables)
         return HiddenStates(mu_o, var_o, None)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
