@@ -6,7 +6,7 @@
 The text is the tiny Shakespeare of nanoGPT's folder (NANOGPT_DIR, else a `shared/nanogpt`
 folder beside the repository: data/shakespeare_char/input.txt), read by both as `text:FILE`
 (characters, the last 10 % the validation part). Both models have the same width, blocks, heads
-and context and train for the same steps on the same windows (the same seed); torch-gpt with its
+and context (by default nanoGPT's CPU model of bench/gpt_vs_nanogpt.py) and train for the same steps on the same windows (the same seed); torch-gpt with its
 nanoGPT recipe (AdamW, cosine schedule), tagi-gpt with no optimizer at all (`--sigma-v`, the
 observation noise of its hierarchical softmax, is its one setting). Each runs on 1 and on 2
 processes (`--nproc 2`, the same global batch). Measured at the last step, on the same
@@ -55,7 +55,7 @@ def train(model: str, text: Path, args: argparse.Namespace, nproc: int, out: Pat
            "--val-every", str(args.steps), "--val-batches", str(args.val_batches),
            "--seed", str(args.seed), "--nproc", str(nproc),
            "--threads", str(max(1, args.threads // nproc)), "--no-progress", "--out", str(out)]
-    if model == "tagi-gpt":
+    if model == "tagi-gpt" and args.sigma_v is not None:
         cmd += ["--sigma-v", str(args.sigma_v)]
     else:
         cmd += ["--lr-decay-steps", str(args.steps), "--warmup", str(min(100, args.steps // 10))]
@@ -73,14 +73,15 @@ def train(model: str, text: Path, args: argparse.Namespace, nproc: int, out: Pat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=12)
     parser.add_argument("--val-batches", type=int, default=40)
-    parser.add_argument("--sigma-v", type=float, default=1.0, help="tagi-gpt's observation noise")
+    parser.add_argument("--sigma-v", type=float, default=None,
+                        help="tagi-gpt's observation noise (default: the model's, 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="intra-op threads of one process (2 processes: half each)")

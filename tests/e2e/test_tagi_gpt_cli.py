@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from dptrain.inference import load_run
 from tests._cli import dptrain_cmd, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -51,3 +52,14 @@ def test_a_tagi_gpt_reports_per_token_and_resumes_bit_identical_after_a_kill(tmp
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [4, 8, 12]
     assert all(math.isfinite(float(r["val_loss"])) for r in rows)
+
+    # text from the Bayesian model: the next-token probabilities at the last position
+    trained = load_run(clean)
+    sampled = trained.generate("to be", max_new_tokens=20, temperature=0.8, top_k=5, seed=7)
+    assert sampled.startswith("to be") and len(sampled) == len("to be") + 20
+    assert trained.generate("to be", max_new_tokens=20, temperature=0.8, top_k=5,
+                            seed=7) == sampled
+    assert len(trained.generate("to be", max_new_tokens=5, temperature=0)) == len("to be") + 5
+    table = run(dptrain_cmd("predict", str(clean), "--out", str(tmp_path / "p.csv")),
+                timeout_s=120)
+    assert table.returncode == 2 and "dptrain generate" in table.stderr, table.output

@@ -487,9 +487,13 @@ def tagi_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
 
     layers: list[Any] = [Embedding(options.vocab_size, e)]
     for _ in range(options.layers):
+        # scores scaled by 1/sqrt(head size), as a torch transformer's: cuTAGI's unscaled
+        # scores have variances in the hundreds at 16 features a head, Remax saturates, and
+        # the network learned less on tiny Shakespeare (docs/results.md, A TAGI GPT)
         layers.append(ResNetBlock(LayerBlock(
             RMSNorm(e), MultiheadAttention(e, heads, use_rope=True, max_seq_len=context,
-                                           gain_weight=gw, gain_bias=gb))))
+                                           gain_weight=gw, gain_bias=gb,
+                                           score_scale=1 / math.sqrt(e // heads)))))
         layers.append(ResNetBlock(LayerBlock(RMSNorm(e), linear(e, 4 * e), ReLU(),
                                              linear(4 * e, e))))
     return Sequential(*layers, RMSNorm(e), linear(e, num_outputs), dtype=options.dtype)
@@ -501,8 +505,10 @@ def tagi_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
 _GPT_DEFAULTS = {"width": 128, "batch_size": 12, "optimizer": "adamw", "lr": 1e-3,
                  "betas": "0.9,0.99", "weight_decay": 0.1, "schedule": "cosine",
                  "schedule_unit": "steps", "warmup": 100, "min_lr": 1e-4, "clip_grad_norm": 1.0}
-# torch-gpt's sizes and batch; TAGI has no learning rate or optimizer to set.
-_TAGI_GPT_DEFAULTS = {"width": 128, "batch_size": 12}
+# torch-gpt's sizes and batch; TAGI has no learning rate or optimizer to set. sigma_v: each
+# next token is one noisy draw, so the ±1 observations of the hierarchical softmax are noisy;
+# of 1, 2, 4, 8 and 12, 4 gave the lowest validation loss on tiny Shakespeare.
+_TAGI_GPT_DEFAULTS = {"width": 128, "batch_size": 12, "sigma_v": 4.0}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
     ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
