@@ -55,10 +55,10 @@ def train(model: str, text: Path, args: argparse.Namespace, nproc: int, out: Pat
            "--val-every", str(args.steps), "--val-batches", str(args.val_batches),
            "--seed", str(args.seed), "--nproc", str(nproc),
            "--threads", str(max(1, args.threads // nproc)), "--no-progress", "--out", str(out)]
-    if model == "tagi-gpt" and args.sigma_v is not None:
-        cmd += ["--sigma-v", str(args.sigma_v)]
-    else:
+    if model == "torch-gpt":
         cmd += ["--lr-decay-steps", str(args.steps), "--warmup", str(min(100, args.steps // 10))]
+    elif args.sigma_v is not None:
+        cmd += ["--sigma-v", str(args.sigma_v)]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:

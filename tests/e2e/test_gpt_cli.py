@@ -1,7 +1,7 @@
-"""`dptrain train --model tagi-gpt` end to end on two processes: the language-model metrics per
-token (loss, perplexity, bits per character, ECE), steps.csv, and a rank SIGKILLed mid-run that
-resumes to the same bits as an unbroken run (docs/tagi.md, A TAGI GPT; docs/design.md, contract
-3)."""
+"""The two GPTs, `dptrain train --model tagi-gpt` and `torch-gpt`, end to end on two processes:
+the language-model metrics per token (loss, perplexity, bits per character, ECE), steps.csv, a
+rank SIGKILLed mid-run that resumes to the same bits as an unbroken run, and text sampled from
+the trained run (docs/tagi.md, A TAGI GPT; docs/design.md, contract 3)."""
 
 from __future__ import annotations
 
@@ -18,22 +18,24 @@ from tests._cli import dptrain_cmd, run
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TEXT = "to be, or not to be: that is the question. whether 'tis nobler in the mind\n" * 20
-COMMON = ["train", "--model", "tagi-gpt", "--block-size", "8", "--width", "8", "--heads", "2",
+COMMON = ["train", "--block-size", "8", "--width", "8", "--heads", "2",
           "--layers", "1", "--batch-size", "4", "--max-steps", "12", "--val-every", "4",
           "--val-batches", "2", "--checkpoint-every", "2", "--keep-last", "100",
-          "--sigma-v", "1", "--no-progress"]
+          "--no-progress"]
+MODELS = {"tagi-gpt": ["--sigma-v", "1"], "torch-gpt": ["--warmup", "2"]}
 
 
 @pytest.mark.timeout(420)
-def test_a_tagi_gpt_reports_per_token_and_resumes_bit_identical_after_a_kill(tmp_path):
+@pytest.mark.parametrize("model", list(MODELS))
+def test_a_gpt_reports_per_token_and_resumes_bit_identical_after_a_kill(tmp_path, model):
     text = tmp_path / "play.txt"
     text.write_text(TEXT, encoding="utf-8")
     clean, killed = tmp_path / "clean", tmp_path / "killed"
-    reference = run(dptrain_cmd(*COMMON, "--dataset", f"text:{text}", "--out", str(clean)),
-                    timeout_s=150)
+    command = [*COMMON, "--model", model, *MODELS[model], "--dataset", f"text:{text}"]
+    reference = run(dptrain_cmd(*command, "--out", str(clean)), timeout_s=150)
     assert reference.returncode == 0, reference.output
-    result = run(dptrain_cmd(*COMMON, "--dataset", f"text:{text}", "--out", str(killed),
-                             "--fail-at", "1:7", "--max-restarts", "1"), timeout_s=200)
+    result = run(dptrain_cmd(*command, "--out", str(killed), "--fail-at", "1:7",
+                             "--max-restarts", "1"), timeout_s=200)
     assert result.returncode == 0, result.output
     assert re.findall(r"resumed from \S+step-(\d+)", result.stdout) == ["00000006"], \
         result.output
@@ -53,7 +55,7 @@ def test_a_tagi_gpt_reports_per_token_and_resumes_bit_identical_after_a_kill(tmp
     assert [int(r["step"]) for r in rows] == [4, 8, 12]
     assert all(math.isfinite(float(r["val_loss"])) for r in rows)
 
-    # text from the Bayesian model: the next-token probabilities at the last position
+    # text sampled from the next-token probabilities at the last position
     trained = load_run(clean)
     sampled = trained.generate("to be", max_new_tokens=20, temperature=0.8, top_k=5, seed=7)
     assert sampled.startswith("to be") and len(sampled) == len("to be") + 20
