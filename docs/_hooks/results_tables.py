@@ -232,10 +232,34 @@ def gpt_vs_nanogpt() -> str:
                   "|---|---:|---:|---:|---:|---:|---:|", rows)
 
 
+def tagi_gpt() -> str:
+    result = load("tagi_gpt.json")
+    runs = result["runs"]
+    rows = [f"| {model} | {n} | {runs[f'{model}_{n}proc']['val_loss']:.4f} | "
+            f"{runs[f'{model}_{n}proc']['val_ece']:.4f} | "
+            f"{percent(runs[f'{model}_{n}proc']['val_error'], 1)} | "
+            f"{runs[f'{model}_{n}proc']['tokens_per_s']:,.0f} |"
+            for model in ("torch-gpt", "tagi-gpt") for n in (1, 2)]
+    return _lines("| model | processes | validation loss (nats/token) | ECE | error | "
+                  "tokens/s |", "|---|---:|---:|---:|---:|---:|", rows)
+
+
+def tagi_attention_vs_cutagi() -> str:
+    result = load("tagi_attention_vs_cutagi.json")
+    c, step = result["config"], result["step_s"]
+    return _lines("| network | threads | dptrain ms/step | cuTAGI main ms/step | speed-up |",
+                  "|---|---:|---:|---:|---:|",
+                  [f"| Linear(8, {c['t']}·{c['e']}) → MultiheadAttention({c['e']}, "
+                   f"{c['heads']}), batch {c['batch']} | {c['threads']} | "
+                   f"{1000 * step['dptrain']:.2f} | {1000 * step['cutagi']:.2f} | "
+                   f"{result['speedup']:.2f}x ({target(2, result['target_met'])}) |"])
+
+
 TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
-                                  tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt)}
+                                  tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt,
+                                  tagi_gpt, tagi_attention_vs_cutagi)}
 
 
 def render(name: str) -> str:
