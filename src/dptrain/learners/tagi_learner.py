@@ -251,14 +251,7 @@ class TagiLearner:
 
     def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> Metrics:
         if self.hrc is not None:
-            per_token = y.dim() == 2
-            mu, var, y = by_position(mu, var, y)
-            n = float(y.shape[0])
-            probs = hrc_probabilities(self.hrc, mu, var, per_token)
-            wrong = (probs.argmax(1) != y).sum().item()
-            log_lik = probs.gather(1, y.long().reshape(-1, 1)).clamp_min(1e-12).log().sum().item()
-            return {"error": (float(wrong), n), "log_likelihood": (log_lik, n),
-                    **({"loss": (-log_lik, n)} if per_token else {})}
+            return _class_scores(self.hrc, mu, var, y)[2]
         y = y.to(mu.dtype)
         mean, epistemic_var, total_var = self._bands(mu, var, y.shape)
         # a missing target (NaN, in time series) counts nowhere, as it updates nothing
@@ -467,7 +460,7 @@ def encode_positions(hrc: HRCSoftmax, labels: torch.Tensor, dtype: torch.dtype
 
 
 def hrc_probabilities(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor,
-                        per_token: bool = False) -> torch.Tensor:
+                      per_token: bool = False) -> torch.Tensor:
     """(B, K) probabilities of `hrc`; a language model's (`per_token`) scaled to sum to 1 over
     the K tokens. The tree of a K that is not a power of two has leaves for no token, whose
     share would otherwise be lost; scaled, the loss in nats per token is a proper one, as
@@ -504,15 +497,25 @@ def _class_metrics(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels:
     """A classification evaluation's metrics with `hrc`'s class probabilities: error,
     log-likelihood, calibration bins, predicted class counts; for a language model per token,
     and the loss in nats per token (minus the log-likelihood)."""
+    probs, labels, scores = _class_scores(hrc, mu, var, labels)
+    return {**scores, **calibration_sums(probs, labels), **_class_counts(probs)}
+
+
+def _class_scores(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+    """(class probabilities, labels, error and log-likelihood sums) of a batch, per token for a
+    language model's (B, T) labels, with its loss in nats per token (minus the
+    log-likelihood)."""
     per_token = labels.dim() == 2
     mu, var, labels = by_position(mu, var, labels)
     probs = hrc_probabilities(hrc, mu, var, per_token)
     n = float(labels.shape[0])
     wrong = (probs.argmax(1) != labels).sum().item()
     log_lik = probs.gather(1, labels.long().reshape(-1, 1)).clamp_min(1e-12).log().sum().item()
-    return {"error": (float(wrong), n), "log_likelihood": (log_lik, n),
-            **({"loss": (-log_lik, n)} if per_token else {}),
-            **calibration_sums(probs, labels), **_class_counts(probs)}
+    scores = {"error": (float(wrong), n), "log_likelihood": (log_lik, n)}
+    if per_token:
+        scores["loss"] = (-log_lik, n)
+    return probs, labels, scores
 
 
 def _class_counts(probs: torch.Tensor) -> Metrics:
