@@ -444,3 +444,24 @@ def test_gpt_rows_are_gpt_vs_nanogpt_json():
     page = _expanded(REPO / "docs" / "results.md")
     _row("| mean |", f"{mean['nanogpt']['val_loss']:.4f}", f"{mean['dptrain']['val_loss']:.4f}",
          page=page)
+
+
+def test_tagi_gpt_rows_are_tagi_gpt_json():
+    """The README's tagi-gpt row and the results page's prose: bench/tagi_gpt.py's record."""
+    result = _load("tagi_gpt.json")
+    tagi, torch_ = result["runs"]["tagi-gpt_1proc"], result["runs"]["torch-gpt_1proc"]
+    assert result["goal_met"] == (tagi["val_ece"] < torch_["val_ece"]
+                                  and tagi["val_loss"] <= 1.05 * torch_["val_loss"])
+    _row("| tagi-gpt beside torch-gpt of its size, tiny Shakespeare, 2000 steps: validation "
+         "loss, ECE |", f"{tagi['val_loss']:.3f}, {tagi['val_ece']:.3f}",
+         f"torch-gpt: {torch_['val_loss']:.3f}, {torch_['val_ece']:.3f}", page=README)
+    _in_readme(f"tagi-gpt {tagi['val_loss']:.3f} nats per token against torch-gpt's "
+               f"{torch_['val_loss']:.3f}")
+
+
+def test_tagi_attention_row_is_tagi_attention_vs_cutagi_json():
+    result = _load("tagi_attention_vs_cutagi.json")
+    _row("| TAGI attention (Linear + MultiheadAttention), train step |",
+         f"{1000 * result['step_s']['dptrain']:.2f} ms",
+         f"cuTAGI main: {1000 * result['step_s']['cutagi']:.2f} ms",
+         f"{result['speedup']:.2f}x", page=README)
