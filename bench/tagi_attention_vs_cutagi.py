@@ -77,7 +77,9 @@ def main() -> None:
             print(f"{module}: {times[module][-1] * 1e3:.2f} ms/step", flush=True)
     ours, theirs = (statistics.median(times[m]) for m in ("dptrain.pytagi", "pytagi"))
     result = {
-        "benchmark": "tagi_attention_vs_cutagi", "command": command_line(("CUTAGI_BUILD",)),
+        # the build folder is this machine's: the command names it by its role
+        "benchmark": "tagi_attention_vs_cutagi",
+        "command": "CUTAGI_BUILD=DIR " + command_line(),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "torch": torch.__version__},
         "cutagi_commit": "ef69219",
