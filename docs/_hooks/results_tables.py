@@ -216,26 +216,50 @@ def large_batch() -> str:
 
 def gpt_vs_nanogpt() -> str:
     result = load("gpt_vs_nanogpt.json")
-    rows = [f"| {r['seed']} | {r['nanogpt']['val_loss']:.4f} | {r['dptrain']['val_loss']:.4f} | "
-            f"{1000 * r['nanogpt']['step_s']:.1f} | {1000 * r['dptrain']['step_s']:.1f} | "
-            f"{r['dptrain']['tokens_per_s']:,.0f} | "
-            + (f"{r['dptrain_2proc']['tokens_per_s']:,.0f} |" if "dptrain_2proc" in r else "|")
-            for r in result["runs"]]
-    mean = result["mean"]
-    rows.append(f"| mean | {mean['nanogpt']['val_loss']:.4f} | {mean['dptrain']['val_loss']:.4f} "
-                f"| {1000 * mean['nanogpt']['step_s']:.1f} | "
-                f"{1000 * mean['dptrain']['step_s']:.1f} | "
-                f"{mean['dptrain']['tokens_per_s']:,.0f} | "
-                f"{mean['dptrain_2proc']['tokens_per_s']:,.0f} |")
-    return _lines("| seed | nanoGPT val loss | dptrain val loss | nanoGPT ms/step | dptrain "
+
+    def row(name: str, r: dict) -> str:
+        return (f"| {name} | {r['nanogpt']['whole_val_loss']:.4f} | "
+                f"{r['dptrain']['whole_val_loss']:.4f} | {r['nanogpt']['val_loss']:.4f} | "
+                f"{r['dptrain']['val_loss']:.4f} | {1000 * r['nanogpt']['step_s']:.1f} | "
+                f"{1000 * r['dptrain']['step_s']:.1f} | {r['dptrain']['tokens_per_s']:,.0f} | "
+                + (f"{r['dptrain_2proc']['tokens_per_s']:,.0f} |" if "dptrain_2proc" in r
+                   else "|"))
+
+    rows = [row(str(r["seed"]), r) for r in result["runs"]] + [row("mean", result["mean"])]
+    return _lines("| seed | nanoGPT, whole validation part | dptrain, whole validation part | "
+                  "nanoGPT's own estimate | dptrain's own estimate | nanoGPT ms/step | dptrain "
                   "ms/step | dptrain tokens/s, 1 process | 2 processes |",
-                  "|---|---:|---:|---:|---:|---:|---:|", rows)
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|", rows)
+
+
+def tagi_gpt() -> str:
+    result = load("tagi_gpt.json")
+    runs = result["runs"]
+    rows = [f"| {model} | {n} | {runs[f'{model}_{n}proc']['val_loss']:.4f} | "
+            f"{runs[f'{model}_{n}proc']['val_ece']:.4f} | "
+            f"{percent(runs[f'{model}_{n}proc']['val_error'], 1)} | "
+            f"{runs[f'{model}_{n}proc']['tokens_per_s']:,.0f} |"
+            for model in ("torch-gpt", "tagi-gpt") for n in (1, 2)]
+    return _lines("| model | processes | validation loss (nats/token) | ECE | error | "
+                  "tokens/s |", "|---|---:|---:|---:|---:|---:|", rows)
+
+
+def tagi_attention_vs_cutagi() -> str:
+    result = load("tagi_attention_vs_cutagi.json")
+    c, step = result["config"], result["step_s"]
+    return _lines("| network | threads | dptrain ms/step | cuTAGI main ms/step | speed-up |",
+                  "|---|---:|---:|---:|---:|",
+                  [f"| Linear(8, {c['t']}·{c['e']}) → MultiheadAttention({c['e']}, "
+                   f"{c['heads']}), batch {c['batch']} | {c['threads']} | "
+                   f"{1000 * step['dptrain']:.2f} | {1000 * step['cutagi']:.2f} | "
+                   f"{result['speedup']:.2f}x ({target(2, result['target_met'])}) |"])
 
 
 TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
-                                  tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt)}
+                                  tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt,
+                                  tagi_gpt, tagi_attention_vs_cutagi)}
 
 
 def render(name: str) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from dptrain.errors import ConfigError
+from dptrain.learners.gpt import sample_tokens
+from dptrain.learners.tagi_learner import hrc_probabilities
 
 NEWLINE = "\n"
 """An empty prompt starts from a newline (the start of a line of the text), where the
@@ -63,9 +65,31 @@ def generate_text(model: Any, vocabulary: Any, block_size: int, prompt: str, *,
     ids, note = encode_prompt(vocabulary, prompt, block_size)
     if note is not None and report is not None:
         report(note)
-    device = next(model.parameters()).device
+    device = model.device if hasattr(model, "device") else next(model.parameters()).device
     ids = ids.to(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
                          generator=generator, never=vocabulary.unknown_id)
     return prompt + vocabulary.decode(out[0, ids.shape[1]:])
+
+
+class TagiLanguageModel:
+    """A tagi-gpt network as `generate_text` samples from it: the next token's log-probability
+    is the log of the hierarchical softmax's probability at the window's last position (scaled
+    to sum to 1 over the vocabulary), the output's uncertainty included."""
+
+    def __init__(self, net: Any, hrc: Any, block_size: int) -> None:
+        self.net, self.hrc, self.block_size = net, hrc, block_size
+        self.device = net.device
+
+    @torch.no_grad()
+    def next_log_probabilities(self, window: torch.Tensor) -> torch.Tensor:
+        width = self.hrc.num_outputs
+        mu, var = self.net(window)
+        last = (mu[:, -width:].double(), var[:, -width:].double())
+        return hrc_probabilities(self.hrc, *last, per_token=True).clamp_min(1e-300).log()
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
+        self.net.eval()
+        return sample_tokens(self.next_log_probabilities, ids, self.block_size, max_new_tokens,
+                             **sampling)

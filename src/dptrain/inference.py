@@ -32,7 +32,7 @@ from dptrain.data.normalisation import from_record, renormalised
 from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
 from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.errors import CheckpointError, ConfigError
-from dptrain.generation import generate_text
+from dptrain.generation import TagiLanguageModel, generate_text
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import Forecast, calibrated_test
@@ -160,11 +160,16 @@ class TrainedRun:
         `max_new_tokens` tokens it samples after it, as text (`dptrain.generation`); the same
         `seed` gives the same text. `report` receives the one-line note of a prompt longer
         than the context (its last block is kept)."""
-        if self.vocabulary is None or not hasattr(self.model, "generate"):
+        block_size = self._split.input_shape[0]
+        model = self.model
+        if self.vocabulary is not None and self.kind == "tagi" and self.hrc is not None:
+            model = TagiLanguageModel(self.model, self.hrc, block_size)
+        if self.vocabulary is None or not hasattr(model, "generate"):
             raise ConfigError(f"{self.run_dir}: generate is for language models trained on "
-                              f"token data (--model torch-gpt --dataset text:PATH); this run "
-                              f"is {self.model_config.model} on {self.dataset}")
-        return generate_text(self.model, self.vocabulary, self._split.input_shape[0], prompt,
+                              f"token data (--model torch-gpt or tagi-gpt --dataset "
+                              f"text:PATH); this run is {self.model_config.model} on "
+                              f"{self.dataset}")
+        return generate_text(model, self.vocabulary, block_size, prompt,
                              max_new_tokens=max_new_tokens, temperature=temperature,
                              top_k=top_k, seed=seed, report=report)
 

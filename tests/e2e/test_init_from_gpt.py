@@ -50,3 +50,15 @@ def test_a_gpt_fine_tunes_in_its_sources_vocabulary_and_refuses_a_new_character(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'Z'" in err[0] and f"{len(NEW_TEXT)}" in err[0], err
     assert not (tmp_path / "refused" / "checkpoints").exists()
+
+    # a search over the fine-tuning: every trial starts from the source, in its vocabulary
+    assert main(["tune", "--model", "torch-gpt", "--dataset", f"text:{new_text}",
+                 "--block-size", "8", "--layers", "1", "--heads", "2", "--width", "16",
+                 "--batch-size", "4", "--max-steps", "4", "--warmup", "1", "--val-every", "4",
+                 "--val-batches", "1", "--nproc", "1", "--no-progress", "--init-from",
+                 str(tmp_path / "source"), "--space", "lr=log:1e-4:1e-2", "--max-trials", "2",
+                 "--out", str(tmp_path / "search")]) == 0
+    for trial in ("trial-0000", "trial-0001"):
+        run_dir = tmp_path / "search" / trial
+        assert Vocabulary.load(run_dir / "vocabulary.json") == source_vocab, trial
+        assert "init-from" in (run_dir / "train.log").read_text(), trial

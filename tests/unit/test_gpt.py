@@ -255,3 +255,26 @@ def test_mixup_of_token_ids_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="integer ids \\(tokens\\), which cannot be blended"):
         create_learner(ModelConfig(model="torch-gpt", width=8, layers=1, heads=2),
                        LearnerConfig(mixup=0.2), _token_split(vocabulary), seed=0)
+
+
+def test_bf16_autocast_trains_the_gpt_close_to_float32():
+    """precision bf16 (CPU autocast: matrix products in bfloat16, the loss and AdamW's state in
+    float32): a step's per-token loss is float32's within bfloat16's 8 bits of mantissa, and
+    the steps move the weights as float32's do."""
+    losses, weights = {}, {}
+    for precision in ("32", "bf16"):
+        torch.manual_seed(0)
+        learner = TorchLearner(GPT(SMALL), nn.CrossEntropyLoss(),
+                               functools.partial(torch.optim.AdamW, lr=1e-3),
+                               precision=precision)
+        learner.setup(_runtime())
+        for step in range(3):
+            metrics = learner.train_step((_ids(4, 8, seed=10 + step), _ids(4, 8, seed=20 + step)))
+        losses[precision] = metrics["loss"][0] / metrics["loss"][1]
+        weights[precision] = learner.module.token_embedding.weight.detach().clone()
+    assert losses["bf16"] == pytest.approx(losses["32"], rel=2e-2)
+    assert weights["bf16"].dtype == torch.float32  # the master weights stay float32
+    torch.manual_seed(0)
+    moved = (weights["32"] - GPT(SMALL).token_embedding.weight).abs().max()
+    assert moved > 1e-3  # AdamW moves each weight by about lr a step
+    assert (weights["bf16"] - weights["32"]).abs().max() < 0.1 * moved

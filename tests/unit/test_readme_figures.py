@@ -434,13 +434,36 @@ def test_gpt_rows_are_gpt_vs_nanogpt_json():
     record (nanoGPT's own train.py beside dptrain, same data, recipe and threads)."""
     result = _load("gpt_vs_nanogpt.json")
     mean = result["mean"]
+    assert result["val_loss_target_met"] == (result["whole_val_loss_margin"] <= 0.02)
     _row("| torch-gpt, tiny Shakespeare, validation loss after 2000 steps, mean of 3 seeds |",
-         f"{mean['dptrain']['val_loss']:.3f}", f"nanoGPT: {mean['nanogpt']['val_loss']:.3f}",
-         page=README)
+         f"{mean['dptrain']['whole_val_loss']:.3f}",
+         f"nanoGPT: {mean['nanogpt']['whole_val_loss']:.3f}", page=README)
     _row("| torch-gpt, time per training step, 1 process |",
          f"{1000 * mean['dptrain']['step_s']:.1f} ms",
          f"nanoGPT: {1000 * mean['nanogpt']['step_s']:.1f} ms",
          f"{result['step_time_ratio']:.3f}x", page=README)
     page = _expanded(REPO / "docs" / "results.md")
-    _row("| mean |", f"{mean['nanogpt']['val_loss']:.4f}", f"{mean['dptrain']['val_loss']:.4f}",
-         page=page)
+    _row("| mean |", f"{mean['nanogpt']['whole_val_loss']:.4f}",
+         f"{mean['dptrain']['whole_val_loss']:.4f}", f"{mean['nanogpt']['val_loss']:.4f}",
+         f"{mean['dptrain']['val_loss']:.4f}", page=page)
+
+
+def test_tagi_gpt_rows_are_tagi_gpt_json():
+    """The README's tagi-gpt row and the results page's prose: bench/tagi_gpt.py's record."""
+    result = _load("tagi_gpt.json")
+    tagi, torch_ = result["runs"]["tagi-gpt_1proc"], result["runs"]["torch-gpt_1proc"]
+    assert result["goal_met"] == (tagi["val_ece"] < torch_["val_ece"]
+                                  and tagi["val_loss"] <= 1.05 * torch_["val_loss"])
+    _row("| tagi-gpt beside torch-gpt of its size, tiny Shakespeare, 2000 steps: validation "
+         "loss, ECE |", f"{tagi['val_loss']:.3f}, {tagi['val_ece']:.3f}",
+         f"torch-gpt: {torch_['val_loss']:.3f}, {torch_['val_ece']:.3f}", page=README)
+    _in_readme(f"tagi-gpt {tagi['val_loss']:.3f} nats per token against torch-gpt's "
+               f"{torch_['val_loss']:.3f}")
+
+
+def test_tagi_attention_row_is_tagi_attention_vs_cutagi_json():
+    result = _load("tagi_attention_vs_cutagi.json")
+    _row("| TAGI attention (Linear + MultiheadAttention), train step |",
+         f"{1000 * result['step_s']['dptrain']:.2f} ms",
+         f"cuTAGI main: {1000 * result['step_s']['cutagi']:.2f} ms",
+         f"{result['speedup']:.2f}x", page=README)

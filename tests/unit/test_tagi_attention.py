@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dptrain.tagi import Linear, MultiheadAttention, ReLU, RMSNorm, Sequential, manual_seed
+from dptrain.tagi import (Linear, MultiheadAttention, OutputUpdater, ReLU, RMSNorm, Sequential,
+                          manual_seed)
 from dptrain.tagi import rmsnorm as rmsnorm_module
 from dptrain.tagi.states import DeltaStates, HiddenStates
 from tests.unit.pytagi_parity import load_case, replay
@@ -40,9 +41,10 @@ def test_causal_mask_keeps_the_past_independent_of_the_future():
     y = x.clone()
     y[0, 5 * 4:] += 3.0  # change only the last position
     a, b = layer.forward(HiddenStates(x, None)), layer.forward(HiddenStates(y, None))
-    # cuTAGI's mask zeroes the future scores (mean and variance) before Remax, whose floor
-    # then leaves them a weight of ~1e-7: the past moves by ~1e-6, not exactly 0.
-    torch.testing.assert_close(a.mu_a[0, :20], b.mu_a[0, :20], rtol=0, atol=1e-4)
+    # cuTAGI's mask zeroes the future scores before Remax, whose floor leaves them a small
+    # weight; dptrain zeroes those weights after it: the past does not move at all.
+    assert torch.equal(a.mu_a[0, :20], b.mu_a[0, :20])
+    assert torch.equal(a.var_a[0, :20], b.var_a[0, :20])
     assert not torch.allclose(a.mu_a[0, 20:], b.mu_a[0, 20:])
 
 
@@ -137,3 +139,36 @@ def test_native_step_declines_networks_with_the_transformer_layers():
     net = Sequential(Linear(3, 16), MultiheadAttention(4, 2), RMSNorm(4), Linear(16, 2))
     with pytest.raises(NotNative, match="not MultiheadAttention, RMSNorm"):
         check_network(net)
+
+
+def test_a_score_scale_is_the_same_network_as_queries_scaled_by_it():
+    """score_scale c (dptrain's, cuTAGI has none: c = 1) multiplies each score's mean by c and
+    its variance by c²: the same forward as c = 1 with the query weights' means times c and
+    variances times c², and after one full step the two networks still agree (the query
+    weights' deltas of the second are those of the first times c)."""
+    c, e = 0.25, 8
+    nets = []
+    for scale in (c, 1.0):
+        manual_seed(3)
+        nets.append(Sequential(Linear(3, 4 * e),
+                               MultiheadAttention(e, 2, bias=False, score_scale=scale),
+                               dtype=torch.float64))
+    attention = nets[1].layers[1]
+    queries = slice(0, attention.num_heads * attention.head_dim)
+    with torch.no_grad():
+        attention.mu_w[queries] *= c
+        attention.var_w[queries] *= c * c
+    x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    y = torch.randn(5, 4 * e, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    outputs = []
+    for net in nets:
+        net.train()
+        first = net(x)
+        OutputUpdater().update(net.output_z_buffer, y, 0.3, net.input_delta_z_buffer)
+        net.backward()
+        net.step()
+        outputs.append((*first, *net(x)))
+    for got, expected in zip(*outputs):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="score_scale must be > 0"):
+        MultiheadAttention(e, 2, score_scale=0.0)

@@ -122,7 +122,8 @@ def _check_token_data(model: str, split: Split, dataset: str) -> None:
                           f"token data (text:PATH or tokens:DIR)")
     if split.vocabulary is not None and not language_model:
         raise ConfigError(f"dataset {dataset}: windows of token ids need a language model "
-                          f"(--model torch-gpt) or your own model file; {model} is not one")
+                          f"(--model torch-gpt or tagi-gpt) or your own model file; {model} "
+                          f"is not one")
 
 
 def input_dtype(split: Split) -> torch.dtype:
@@ -137,6 +138,8 @@ def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOpti
     """The builder's options, with the values per time step of a series with covariates and
     the number of series of an embedded series id."""
     options = config.builder_options()
+    if split.vocabulary is not None:
+        options = dataclasses.replace(options, vocab_size=split.num_classes)
     if split.series is not None:
         options = dataclasses.replace(options, num_features=split.series.num_features)
     if not config.series_embedding:

@@ -78,8 +78,8 @@ class ModelConfig:
         if self.model in TORCH_MODELS and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
         check_at_least(self, ("hidden", "width", "layers", "heads"), 1)
-        if self.model == "torch-gpt" and self.width % self.heads:
-            raise ConfigError(f"torch-gpt: width {self.width} is not a multiple of heads "
+        if self.model in ("torch-gpt", "tagi-gpt") and self.width % self.heads:
+            raise ConfigError(f"{self.model}: width {self.width} is not a multiple of heads "
                               f"{self.heads} (each head takes width / heads of it)")
         check_at_least(self, ("series_embedding",), 0)
         if self.series_embedding and self.model != "tagi-lstm":

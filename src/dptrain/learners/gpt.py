@@ -15,6 +15,8 @@ everywhere, with the projections that write into the residual stream scaled by
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 from dataclasses import dataclass
 
@@ -149,22 +151,36 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            for _ in range(max_new_tokens):
-                logits = self(ids[:, -self.config.block_size:])[:, -1, :].float()
-                if never is not None:
-                    logits[:, never] = float("-inf")
-                if temperature == 0:
-                    nxt = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    logits = logits / temperature
-                    if top_k is not None and top_k < logits.shape[-1]:
-                        kth = torch.topk(logits, top_k).values[:, -1:]
-                        logits = logits.masked_fill(logits < kth, float("-inf"))
-                    nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
-                ids = torch.cat([ids, nxt], dim=1)
+            return sample_tokens(lambda window: self(window)[:, -1, :].float(), ids,
+                                 self.config.block_size, max_new_tokens,
+                                 temperature=temperature, top_k=top_k, generator=generator,
+                                 never=never)
         finally:
             self.train(was_training)
-        return ids
+
+
+def sample_tokens(next_logits: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor,
+                  block_size: int, max_new_tokens: int, *, temperature: float = 1.0,
+                  top_k: int | None = None, generator: torch.Generator | None = None,
+                  never: int | None = None) -> torch.Tensor:
+    """`ids` (B, T) continued by `max_new_tokens` tokens drawn one at a time from
+    softmax(`next_logits`(the last `block_size` ids) / temperature), cut to the `top_k` most
+    likely; temperature 0 takes the most likely; `never` is an id not drawn. Any language
+    model's loop: torch-gpt's logits, tagi-gpt's log-probabilities."""
+    for _ in range(max_new_tokens):
+        logits = next_logits(ids[:, -block_size:])
+        if never is not None:
+            logits[:, never] = float("-inf")
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.shape[-1]:
+                kth = torch.topk(logits, top_k).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+        ids = torch.cat([ids, nxt], dim=1)
+    return ids
 
 
 def _init_weights(module: nn.Module) -> None:

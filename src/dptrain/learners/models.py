@@ -39,7 +39,9 @@ from dptrain.tagi import (
     LayerBlock,
     Linear,
     MixtureReLU,
+    MultiheadAttention,
     Parallel,
+    RMSNorm,
     ReLU,
     ResNetBlock,
     Sequential,
@@ -78,9 +80,12 @@ class ModelOptions:
     """tagi-lstm on flat windows: values per time step (a series' value and its known
     covariates), so that a flat input of L · num_features values is L steps."""
     layers: int = 4
-    """torch-gpt: transformer blocks."""
+    """torch-gpt, tagi-gpt: transformer blocks."""
     heads: int = 4
-    """torch-gpt: attention heads per block (width must be a multiple)."""
+    """torch-gpt, tagi-gpt: attention heads per block (width must be a multiple)."""
+    vocab_size: int = 0
+    """tagi-gpt: the tokens of the vocabulary (rows of its embedding; its output width is the
+    hierarchical softmax's for that many classes)."""
 
 
 @dataclass(frozen=True)
@@ -461,12 +466,49 @@ def torch_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOpti
                          dropout=options.dropout))
 
 
+def tagi_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions
+             ) -> Sequential:
+    """A decoder-only TAGI transformer (docs/tagi.md, A TAGI GPT): Embedding, then per block
+    RMSNorm → causal MultiheadAttention with RoPE and RMSNorm → MLP (4x wide, ReLU), each in a
+    residual block, a final RMSNorm and a per-position head of the hierarchical softmax's
+    `num_outputs` for `options.vocab_size` tokens. No position embedding: RoPE places tokens.
+    Widths, heads and blocks are torch-gpt's flags (`--width`, `--heads`, `--layers`)."""
+    if options.vocab_size < 2:
+        raise ConfigError(f"tagi-gpt needs the vocabulary's size (>= 2 tokens), got "
+                          f"{options.vocab_size}")
+    e, heads, context = options.width, options.heads, input_shape[0]
+    if e % heads or (e // heads) % 2:
+        raise ConfigError(f"tagi-gpt: --width {e} must be a multiple of --heads {heads} with an "
+                          f"even head size (RoPE rotates pairs of features)")
+    gw, gb = _gains(options)
+
+    def linear(inputs: int, outputs: int) -> Linear:
+        return Linear(inputs, outputs, gain_weight=gw, gain_bias=gb, per_position=True)
+
+    layers: list[Any] = [Embedding(options.vocab_size, e)]
+    for _ in range(options.layers):
+        # scores scaled by 1/sqrt(head size), as a torch transformer's: cuTAGI's unscaled
+        # scores have variances in the hundreds at 16 features a head, Remax saturates, and
+        # the network learned less on tiny Shakespeare (docs/results.md, A TAGI GPT)
+        layers.append(ResNetBlock(LayerBlock(
+            RMSNorm(e), MultiheadAttention(e, heads, use_rope=True, max_seq_len=context,
+                                           gain_weight=gw, gain_bias=gb,
+                                           score_scale=1 / math.sqrt(e // heads)))))
+        layers.append(ResNetBlock(LayerBlock(RMSNorm(e), linear(e, 4 * e), ReLU(),
+                                             linear(4 * e, e))))
+    return Sequential(*layers, RMSNorm(e), linear(e, num_outputs), dtype=options.dtype)
+
+
 # nanoGPT's recipe for its small character-level Shakespeare model (karpathy/nanoGPT,
 # config/train_shakespeare_char.py, at the sizes of its CPU run): AdamW with beta2 0.99 (few
 # tokens per step), decay on matrices only, 100 warm-up steps, cosine to lr / 10, clipping 1.
 _GPT_DEFAULTS = {"width": 128, "batch_size": 12, "optimizer": "adamw", "lr": 1e-3,
                  "betas": "0.9,0.99", "weight_decay": 0.1, "schedule": "cosine",
                  "schedule_unit": "steps", "warmup": 100, "min_lr": 1e-4, "clip_grad_norm": 1.0}
+# torch-gpt's sizes and batch; TAGI has no learning rate or optimizer to set. sigma_v: each
+# next token is one noisy draw, so the ±1 observations of the hierarchical softmax are noisy;
+# of 1, 2, 4, 8 and 12, 4 gave the lowest validation loss on tiny Shakespeare.
+_TAGI_GPT_DEFAULTS = {"width": 128, "batch_size": 12, "sigma_v": 4.0}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("tagi-mlp", "tagi", tagi_mlp, "TAGI MLP, 2 ReLU layers of --hidden units"),
     ModelSpec("tagi-lstm", "tagi", tagi_lstm, "TAGI LSTM for time series (pytagi's "
@@ -488,6 +530,10 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("torch-gpt", "torch", torch_gpt, "torch GPT language model (GPT-2's decoder: "
               "--layers blocks of --heads causal attention heads, --width wide, context "
               "--block-size)", takes_tokens=True, defaults=_GPT_DEFAULTS),
+    ModelSpec("tagi-gpt", "tagi", tagi_gpt, "TAGI GPT language model (--layers blocks of "
+              "RMSNorm, causal attention with RoPE over --heads heads and a ReLU MLP, --width "
+              "wide, context --block-size; a hierarchical softmax over the vocabulary)",
+              takes_tokens=True, defaults=_TAGI_GPT_DEFAULTS),
 )}
 TAGI_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "tagi")
 TORCH_MODELS = tuple(n for n, s in MODELS.items() if s.kind == "torch")

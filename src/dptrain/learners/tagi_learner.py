@@ -194,7 +194,7 @@ class TagiLearner:
             metrics.update(_link_scores(self._decoders, mu, var, y))
         noise = self.sigma_v ** 2
         if self.hrc is not None:
-            obs, idx = self.hrc.encode(y, dtype=mu.dtype)
+            obs, idx = encode_positions(self.hrc, y, mu.dtype)
             self.updater.update_using_indices(net.output_z_buffer, obs, noise, idx,
                                               net.input_delta_z_buffer)
         elif self.heteroscedastic:
@@ -219,7 +219,7 @@ class TagiLearner:
         assert self.compiled is not None
         dtype, noise = self.model.dtype, self.sigma_v ** 2
         if self.hrc is not None:
-            obs, idx = self.hrc.encode(y, dtype=dtype)
+            obs, idx = encode_positions(self.hrc, y, dtype)
             mu, var = self.compiled(x, obs, noise, idx)
         else:
             mu, var = self.compiled(x, y.to(dtype), noise)
@@ -250,12 +250,8 @@ class TagiLearner:
         return metrics
 
     def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> Metrics:
-        n = float(y.shape[0])
         if self.hrc is not None:
-            probs = self.hrc.probabilities(mu, var)
-            wrong = (probs.argmax(1) != y).sum().item()
-            true_p = probs.gather(1, y.long().reshape(-1, 1)).clamp_min(1e-12)
-            return {"error": (float(wrong), n), "log_likelihood": (true_p.log().sum().item(), n)}
+            return _class_scores(self.hrc, mu, var, y)[2]
         y = y.to(mu.dtype)
         mean, epistemic_var, total_var = self._bands(mu, var, y.shape)
         # a missing target (NaN, in time series) counts nowhere, as it updates nothing
@@ -447,12 +443,51 @@ _EVAL_LINK_PREFIX = "_hrc_link_"
 `_hrc_link_{link}:{name}`."""
 
 
+def encode_positions(hrc: HRCSoftmax, labels: torch.Tensor, dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`hrc.encode` of (B,) labels, or of a language model's (B, T) next tokens for its
+    (B, T·N) output, position t's N outputs at columns [t·N, (t+1)·N): (B, T·L) observations
+    and 1-based indices into the whole row, so the update sees one sample per row."""
+    if labels.dim() != 2:
+        return hrc.encode(labels, dtype=dtype)
+    if labels.numel() and labels.min().item() < 0:
+        raise ValueError("a TAGI language model observes every position: targets below 0 "
+                         "(ignored positions, -100) are not supported")
+    batch, steps = labels.shape
+    obs, idx = hrc.encode(labels.reshape(-1), dtype=dtype)  # (B·T, L)
+    offsets = torch.arange(steps, device=idx.device).repeat(batch) * hrc.num_outputs
+    return obs.reshape(batch, -1), (idx + offsets[:, None]).reshape(batch, -1)
+
+
+def hrc_probabilities(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor,
+                      per_token: bool = False) -> torch.Tensor:
+    """(B, K) probabilities of `hrc`; a language model's (`per_token`) scaled to sum to 1 over
+    the K tokens. The tree of a K that is not a power of two has leaves for no token, whose
+    share would otherwise be lost; scaled, the loss in nats per token is a proper one, as
+    torch's cross-entropy, and the argmax is unchanged."""
+    probs = hrc.probabilities(mu, var)
+    return probs / probs.sum(1, keepdim=True).clamp_min(1e-30) if per_token else probs
+
+
+def by_position(mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A language model's (B, T·N) output moments and (B, T) labels as B·T samples of N
+    outputs and one label each; other outputs as they are."""
+    if labels.dim() != 2:
+        return mu, var, labels
+    rows = labels.numel()
+    return mu.reshape(rows, -1), var.reshape(rows, -1), labels.reshape(-1)
+
+
 def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.Tensor,
                  labels: torch.Tensor) -> Metrics:
     """Per link, the log-likelihood of the batch's labels under its class probabilities."""
+    per_token = labels.dim() == 2
+    mu, var, labels = by_position(mu, var, labels)
     n = float(labels.shape[0])
     at = labels.long().reshape(-1, 1)
-    sums = torch.stack([hrc.probabilities(mu, var).gather(1, at).clamp_min(1e-12).log().sum()
+    sums = torch.stack([hrc_probabilities(hrc, mu, var, per_token).gather(1, at)
+                        .clamp_min(1e-12).log().sum()
                         for hrc in decoders.values()]).tolist()  # one device sync for both
     return {f"{_LINK_PREFIX}{link}": (total, n) for link, total in zip(decoders, sums)}
 
@@ -460,13 +495,27 @@ def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.T
 def _class_metrics(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
                    ) -> Metrics:
     """A classification evaluation's metrics with `hrc`'s class probabilities: error,
-    log-likelihood, calibration bins, predicted class counts."""
-    probs = hrc.probabilities(mu, var)
+    log-likelihood, calibration bins, predicted class counts; for a language model per token,
+    and the loss in nats per token (minus the log-likelihood)."""
+    probs, labels, scores = _class_scores(hrc, mu, var, labels)
+    return {**scores, **calibration_sums(probs, labels), **_class_counts(probs)}
+
+
+def _class_scores(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+    """(class probabilities, labels, error and log-likelihood sums) of a batch, per token for a
+    language model's (B, T) labels, with its loss in nats per token (minus the
+    log-likelihood)."""
+    per_token = labels.dim() == 2
+    mu, var, labels = by_position(mu, var, labels)
+    probs = hrc_probabilities(hrc, mu, var, per_token)
     n = float(labels.shape[0])
     wrong = (probs.argmax(1) != labels).sum().item()
-    true_p = probs.gather(1, labels.long().reshape(-1, 1)).clamp_min(1e-12)
-    return {"error": (float(wrong), n), "log_likelihood": (true_p.log().sum().item(), n),
-            **calibration_sums(probs, labels), **_class_counts(probs)}
+    log_lik = probs.gather(1, labels.long().reshape(-1, 1)).clamp_min(1e-12).log().sum().item()
+    scores = {"error": (float(wrong), n), "log_likelihood": (log_lik, n)}
+    if per_token:
+        scores["loss"] = (-log_lik, n)
+    return probs, labels, scores
 
 
 def _class_counts(probs: torch.Tensor) -> Metrics:

@@ -12,7 +12,7 @@ Forward, per position a Linear (weights (P, E): the Q, K, V blocks stacked) and 
     q, k ← RoPE(q), RoPE(k)       pairs (2i, 2i+1) rotated by t·θ^(−2i/D); v' = c² v₁ + s² v₂
     s[t, u] = Σ_d q[t, d] k[u, d]           (no 1/sqrt(D) scale, as cuTAGI) product moments
     s[t, u] = 0 (mean and variance) for u > t                        (the causal mask)
-    a[t, ·] = Remax(s[t, ·]),  J = its Jacobian
+    a[t, ·] = Remax(s[t, ·]),  J = its Jacobian;  a[t, u] = 0, J = 0 for u > t
     o[t, d] = Σ_u a[t, u] v[u, d]                                     product moments
 
 Backward (innovations δ; posterior m + v δ, as every layer), with the means of the forward::
@@ -90,7 +90,7 @@ class MultiheadAttention(ParamLayer):
                  bias: bool = True, gain_weight: float = 1.0, gain_bias: float = 1.0,
                  init_method: str = "Xavier", use_rope: bool = True,
                  rope_theta: float = 10000.0, max_seq_len: int = 2048, *,
-                 dtype: torch.dtype = torch.float32,
+                 score_scale: float = 1.0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads),
@@ -114,6 +114,9 @@ class MultiheadAttention(ParamLayer):
         self.head_dim, self.bias = head_dim, bias
         self.use_rope, self.rope_theta = bool(use_rope), float(rope_theta)
         self.max_seq_len = max_seq_len
+        if not score_scale > 0:
+            raise ValueError(f"MultiheadAttention: score_scale must be > 0, got {score_scale!r}")
+        self.score_scale = float(score_scale)
         self.gain_weight, self.gain_bias, self.init_method = gain_weight, gain_bias, init_method
         super().__init__()
         self._remax = Remax()
@@ -226,11 +229,15 @@ class MultiheadAttention(ParamLayer):
         (mu_q, var_q) = q
         mu_s, var_s = _product_moments(mu_q, var_q, mu_k.transpose(-1, -2),
                                        var_k.transpose(-1, -2))  # (B, H, T, T)
+        if self.score_scale != 1.0:
+            mu_s, var_s = mu_s * self.score_scale, var_s * self.score_scale ** 2
         future = torch.ones(steps, steps, dtype=torch.bool, device=mu_x.device).triu_(1)
         mu_s, var_s = mu_s.masked_fill(future, 0.0), var_s.masked_fill(future, 0.0)
         mu_a, var_a, jcb = self._remax.moments(mu_s.reshape(-1, steps),
                                                var_s.reshape(-1, steps))
-        mu_a, var_a, jcb = (t.view(mu_s.shape) for t in (mu_a, var_a, jcb))
+        # Remax floors every weight, the masked ones too: zeroed, no future value is read
+        mu_a, var_a, jcb = (t.view(mu_s.shape).masked_fill(future, 0.0)
+                            for t in (mu_a, var_a, jcb))
         mu_o, var_o = _product_moments(mu_a, var_a, mu_v, var_v)  # (B, H, T, D)
         shape = mu_x.shape
         mu_o = mu_o.transpose(1, 2).reshape(shape)
@@ -238,7 +245,7 @@ class MultiheadAttention(ParamLayer):
         if self.training:
             self._saved = dict(x=x, x_sq=x_sq, jcb=states.jcb, shape=shape, steps=steps,
                                mu_q=mu_q, mu_k=mu_k, mu_v=mu_v, mu_a=mu_a,
-                               jcb_s=jcb.masked_fill(future, 0.0), tables=tables)
+                               jcb_s=jcb, tables=tables)
         return HiddenStates(mu_o, var_o, None)
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
@@ -260,6 +267,8 @@ class MultiheadAttention(ParamLayer):
         d_mu_a, d_var_a = score_innovations(d_mu_o, d_var_o, mu_a, saved["mu_v"])
         jcb = saved["jcb_s"]
         d_mu_s, d_var_s = d_mu_a * jcb, d_var_a * (jcb * jcb)
+        if self.score_scale != 1.0:  # s = c q·k: the innovations of q·k are c times those of s
+            d_mu_s, d_var_s = d_mu_s * self.score_scale, d_var_s * self.score_scale ** 2
         d_q, d_k = qk_innovations(d_mu_s, d_var_s, saved["mu_q"], saved["mu_k"], heads)
         d_k = (self._fold(d_k[0]), self._fold(d_k[1]))
         if saved["tables"] is not None:

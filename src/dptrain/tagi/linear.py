@@ -1,6 +1,6 @@
 """Fully connected TAGI layer (docs/tagi.md, Linear).
 
-Shape legend: B batch, I input_size, O output_size. Weights are (O, I) like torch's
+Shape legend: B batch, T positions, I input_size, O output_size. Weights are (O, I) like torch's
 `Linear.weight` and pytagi's flat `mu_w` (index i*I + j), biases (O,).
 """
 
@@ -21,6 +21,12 @@ class Linear(ParamLayer):
     An image state (B, C, H, W) with C·H·W = I (after a conv stack) is flattened C-major, like
     `torch.nn.Flatten`, and the innovations go back in its shape.
 
+    `per_position`: the layer is applied to every position of a sequence, the same weights at
+    each (a transformer's MLP and head): the input is (B, T·I), position t at columns
+    [t·I, (t+1)·I) as `Embedding` and `MultiheadAttention` lay it out, or (B, T, I); the output
+    is (B, T·O) or (B, T, O). T is read from each input. The deltas sum over batch and
+    positions, as a convolution's sum over pixels.
+
     Parameters: `mu_w, var_w` (O, I), `mu_b, var_b` (O,), and their proposed increments
     `delta_mu_w, …`, written (overwritten, summed over the batch) by every `backward`.
     Init (pytagi): m ~ N(0, s²), v = (gain·s)², s = sqrt(1/I) for "He", sqrt(2/(I+O)) for
@@ -29,7 +35,7 @@ class Linear(ParamLayer):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True,
                  gain_weight: float = 1.0, gain_bias: float = 1.0, init_method: str = "He",
-                 *, dtype: torch.dtype = torch.float32,
+                 *, per_position: bool = False, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
         for name, value in (("input_size", input_size), ("output_size", output_size)):
             if not isinstance(value, int) or value < 1:
@@ -37,6 +43,7 @@ class Linear(ParamLayer):
         self.input_size = input_size
         self.output_size = output_size
         self.bias = bias
+        self.per_position = bool(per_position)
         super().__init__()
         scale = init_scale(init_method, input_size, output_size)
         self._init_group("w", (output_size, input_size), scale, gain_weight, dtype, device)
@@ -94,7 +101,11 @@ class Linear(ParamLayer):
 
     def forward(self, states: HiddenStates) -> HiddenStates:
         mu_a, var_a, jcb = states.mu_a, states.var_a, states.jcb  # (B, I) or (B, C, H, W)
-        if mu_a.dim() > 2 and math.prod(mu_a.shape[1:]) == self.input_size:
+        if self.per_position:
+            # (B, T·I) or (B, T, I) → (B·T, I): positions become rows, the same weights apply
+            mu_a, var_a, jcb = (None if t is None else t.reshape(-1, self.input_size)
+                                for t in self._positions(mu_a, var_a, jcb))
+        elif mu_a.dim() > 2 and math.prod(mu_a.shape[1:]) == self.input_size:
             # After a conv stack: flatten C-major, exactly like torch.nn.Flatten (a view).
             mu_a, var_a, jcb = (None if t is None else t.flatten(1) for t in (mu_a, var_a, jcb))
         if mu_a.dim() != 2 or mu_a.shape[1] != self.input_size:
@@ -116,7 +127,19 @@ class Linear(ParamLayer):
             self._mu_a, self._mu_a_sq, self._mu_w_sq, self._jcb = mu_a, mu_a_sq, mu_w_sq, jcb
             self._jcb_is_mask = states.jcb_is_mask
             self._in_shape = tuple(states.mu_a.shape)
+        if self.per_position:
+            shape = (*states.mu_a.shape[:-1], -1)  # (B, T·O) or (B, T, O)
+            return HiddenStates(mu_z.view(shape), var_z.view(shape), None)
         return HiddenStates(mu_z, var_z, None)
+
+    def _positions(self, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """The per-position input checked: whole positions of I features."""
+        mu_a = tensors[0]
+        if mu_a.dim() not in (2, 3) or mu_a.shape[-1] % self.input_size or not mu_a.numel():
+            raise ValueError(f"{self.label}: per position, expected input (batch, "
+                             f"T·{self.input_size}) or (batch, T, {self.input_size}), got "
+                             f"{tuple(mu_a.shape)}")
+        return tensors
 
     def backward(self, delta: DeltaStates, need_input_delta: bool) -> DeltaStates | None:
         """Writes g_m = δmᵀ m_A, g_v = δvᵀ m_A² (and the batch sums of δm, δv for the bias) into
@@ -124,6 +147,9 @@ class Linear(ParamLayer):
         if self._mu_a is None or self._mu_a_sq is None:
             raise RuntimeError(f"{self.label}: backward() needs a forward in training mode first")
         delta_mu, delta_var = delta.delta_mu, delta.delta_var  # (B, O)
+        if self.per_position:  # (B, T·O) → (B·T, O), the rows of the forward
+            delta_mu = delta_mu.reshape(-1, self.output_size)
+            delta_var = delta_var.reshape(-1, self.output_size)
         # out= keeps the (possibly flat-buffer) delta storage: views handed out stay live.
         torch.mm(delta_mu.t(), self._mu_a, out=self.delta_mu_w)  # (O, I)
         torch.mm(delta_var.t(), self._mu_a_sq, out=self.delta_var_w)
@@ -144,7 +170,8 @@ class Linear(ParamLayer):
         return DeltaStates(delta_mu_in.view(self._in_shape), delta_var_in.view(self._in_shape))
 
     def __repr__(self) -> str:
-        return f"Linear({self.input_size}, {self.output_size}, bias={self.bias})"
+        per_position = ", per_position=True" if self.per_position else ""
+        return f"Linear({self.input_size}, {self.output_size}, bias={self.bias}{per_position})"
 
 
 def _version(tensor: torch.Tensor) -> int | None:

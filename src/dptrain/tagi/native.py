@@ -269,6 +269,8 @@ def check_network(net: Any, update: str = "plain") -> None:
             k.__name__ for k in _KINDS)))
         raise NotNative(f"the native step takes stacks of LSTM, Linear, ReLU and EvenExp "
                         f"layers only{' (not ' + names + ')' if names else ''}")
+    if any(getattr(layer, "per_position", False) for layer in layers):
+        raise NotNative("the native step does not take per-position Linear layers")
     for before, layer, after in zip([None, *kinds], kinds, [*kinds[1:], None]):
         if layer is ReLU and (before is not Linear or after not in (Linear, None)):
             raise NotNative("the native step takes a ReLU only between Linear layers or "

@@ -38,11 +38,16 @@ class Remax(Activation):
         mu_ln_mt, var_ln_mt = _log_normal(mu_mt, var_mt)
         cov_ln = torch.log1p(var_m / (mu_mt * mu_m))  # Cov(ln M_j, ln M_t)
         mu_ln_a = mu_ln_m - mu_ln_mt
-        var_ln_a = var_ln_m + var_ln_mt - 2.0 * cov_ln
+        # >= 0 exactly; one weight near 1 (a row with one score) rounds it a little below
+        var_ln_a = (var_ln_m + var_ln_mt - 2.0 * cov_ln).clamp_min_(0.0)
         mu_a = torch.exp(mu_ln_a + 0.5 * var_ln_a).clamp_min_(MIXTURE_FLOOR)
         mu_a = mu_a / mu_a.sum(1, keepdim=True)
         var_a = torch.expm1(var_ln_a) * mu_a * mu_a
         cov_am = torch.expm1(var_ln_m - cov_ln) * mu_a * mu_m  # Cov(A_j, M_j)
         var_z = var_z.clamp_min(1e-30)
-        jcb = torch.minimum((var_a * var_z).sqrt(), cov_am / cdf) / var_z
+        bound = (var_a * var_z).sqrt()
+        # Φ_j underflows to 0 for a score far below 0 (an attention score of a few tens):
+        # the bound alone, as an infinite ratio would give, not the 0/0 of a vanished Cov
+        ratio = torch.where(cdf > 0, cov_am / cdf, bound)
+        jcb = torch.minimum(bound, ratio) / var_z
         return mu_a, var_a, jcb
