@@ -228,6 +228,8 @@ def main() -> None:
         # the target: both scored on the same tokens, every window of the validation part
         "whole_val_loss_margin": margin,
         "val_loss_target_met": margin <= LOSS_MARGIN,
+        "median_step_s": {side: statistics.median(r[side]["step_s"] for r in rows)
+                          for side in ("nanogpt", "dptrain")},
         "step_time_ratio": ratio, "step_time_target_met": ratio <= TIME_TARGET,
         "tokens_per_s_2proc_over_1proc": mean["dptrain_2proc"]["tokens_per_s"]
         / mean["dptrain"]["tokens_per_s"],
