@@ -142,7 +142,10 @@ def test_ctrl_c_then_the_same_command_continues_the_study(tmp_path):
     interrupted trial from its checkpoint at once (a 600 s lease is not waited for); no trial
     is repeated."""
     study = tmp_path / "study"
-    epochs_total = 200  # the interrupt lands mid-run (a toy1d epoch takes milliseconds)
+    # The interrupt must land mid-run. An epoch of toy1d takes 10-50 ms: with 200 epochs the
+    # study once ended complete (exit 0) on a loaded machine before the signal took effect;
+    # 500 leave well over 10 s between the first published checkpoint and the trial's end.
+    epochs_total = 500
     argv = tune_cmd(study, "--epochs", str(epochs_total), "--max-trials", "1", "--lease-s",
                     "600")
     first = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
@@ -161,7 +164,7 @@ def test_ctrl_c_then_the_same_command_continues_the_study(tmp_path):
             time.sleep(0.2)
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=60)
-        assert first.returncode == 130 and "interrupted" in err
+        assert first.returncode == 130 and "interrupted" in err, (first.returncode, err[-3000:])
         assert runs_of(study) == []
         # within 180 s: waiting for the 600 s lease would time out
         second = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=180)

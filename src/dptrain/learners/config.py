@@ -35,8 +35,8 @@ class ModelConfig:
     model: str = "tagi-mlp"
     """tagi-mlp, tagi-cnn, tagi-cnn-pytagi (pytagi's initialisation), tagi-resnet18,
     tagi-lstm (time series), torch-mlp, torch-cnn, torch-resnet18, torch-resnet50 (the ResNets
-    take ImageNet's stem on images of 128 pixels and more), torch-gpt (a language model on
-    text:PATH or tokens:DIR), or PATH.py:FUNCTION:
+    take ImageNet's stem on images of 128 pixels and more), torch-gpt and tagi-gpt (language
+    models on text:PATH or tokens:DIR), or PATH.py:FUNCTION:
     FUNCTION(input_shape, num_outputs) returns a dptrain.tagi.Sequential or a torch.nn.Module."""
     precision: str = "32"
     """TAGI: 32 or 64 (float64); torch: 32, bf16, fp16 (CUDA)."""
