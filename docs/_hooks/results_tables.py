@@ -167,19 +167,20 @@ def tagi_ddp() -> str:
 
 def checkpoint_pause() -> str:
     rows = []
-    for model, m in load("checkpoint_pause.json")["models"].items():
+    for name, m in load("checkpoint_pause.json")["models"].items():
         sync, background = m["sync"], m["async"]
+        model = f"`{name.split()[0]}`" + (", FSDP" if m["strategy"] == "fsdp" else "")
         rows.append(
-            f"| `{model}` | {sync['state_bytes'] / 1e6:.1f} MB | ~{1000 * m['step_s_estimate']:.0f}"
-            f" ms | {1000 * sync['pause_median_s']:.1f} ms (max {1000 * sync['pause_max_s']:.1f})"
-            f" | {1000 * background['pause_median_s']:.1f} ms (max "
-            f"{1000 * background['pause_max_s']:.1f}) | "
+            f"| {model} | {m['processes']} | {sync['checkpoint_bytes'] / 1e6:.1f} MB | "
+            f"~{1000 * m['step_s_estimate']:.0f} ms | {1000 * sync['pause_median_s']:.1f} ms "
+            f"(max {1000 * sync['pause_max_s']:.1f}) | {1000 * background['pause_median_s']:.1f}"
+            f" ms (max {1000 * background['pause_max_s']:.1f}) | "
             f"{m['ratio_pause_sync_over_async']:.1f}x | "
             f"{sync['epoch_wall_median_s']:.2f} s / {background['epoch_wall_median_s']:.2f} s "
             f"({m['ratio_epoch_sync_over_async']:.2f}x) |")
-    return _lines("| model (`--width 16`) | state.pt | step | pause, synchronous | pause, background "
-                  "write | shorter | epoch, sync / background |",
-                  "|---|---:|---:|---:|---:|---:|---:|", rows)
+    return _lines("| model (`--width 16`) | processes | checkpoint | step | pause, synchronous | "
+                  "pause, background write | shorter | epoch, sync / background |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|", rows)
 
 
 def input_pipeline() -> str:

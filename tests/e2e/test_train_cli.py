@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.cli.main import main
+from dptrain.train import checkpoint as ckpt
 from tests._cli import REPO, base_env, dptrain_cmd, run, stop
 
 pytestmark = pytest.mark.e2e
@@ -189,20 +190,45 @@ def test_torch_recipe_through_the_same_trainer(tmp_path):
                              "diabetes") == 2  # a clear ConfigError, not a shape crash
 
 
-def test_sharded_fsdp_run_killed_mid_epoch_resumes_bit_exactly(tmp_path):
+FSDP_RUN = ["train", "--model", "torch-mlp", "--strategy", "fsdp", "--epochs", "1",
+            "--batch-size", "64", "--checkpoint-every", "8", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_clean(tmp_path_factory) -> dict:
+    """The summary of the sharded run below, never killed."""
+    out = tmp_path_factory.mktemp("fsdp") / "clean"
+    clean = run(dptrain_cmd(*FSDP_RUN, "--out", str(out)), timeout_s=180)
+    assert clean.returncode == 0, clean.output
+    return _summary(out)
+
+
+def test_sharded_fsdp_run_killed_mid_epoch_resumes_bit_exactly(tmp_path, fsdp_clean):
     """Contract 3 for a sharded learner: every rank writes its shard through
     torch.distributed.checkpoint into the same atomic step folder, and a restart resumes it."""
-    common = ["train", "--model", "torch-mlp", "--strategy", "fsdp", "--epochs", "1",
-              "--batch-size", "64", "--checkpoint-every", "8", "--no-progress"]
-    clean = run(dptrain_cmd(*common, "--out", str(tmp_path / "clean")), timeout_s=180)
-    assert clean.returncode == 0, clean.output
-    killed = run(dptrain_cmd(*common, "--out", str(tmp_path / "killed"), "--fail-at", "0:13",
+    killed = run(dptrain_cmd(*FSDP_RUN, "--out", str(tmp_path / "killed"), "--fail-at", "0:13",
                              "--max-restarts", "1"), timeout_s=240)
     assert killed.returncode == 0, killed.output
     assert "resumed from" in killed.stdout and "step-00000008" in killed.stdout
     assert (tmp_path / "killed" / "checkpoints" / "step-00000016" / "sharded").is_dir()
-    assert _summary(tmp_path / "killed")["params_sha256"] == \
-        _summary(tmp_path / "clean")["params_sha256"]
+    assert _summary(tmp_path / "killed")["params_sha256"] == fsdp_clean["params_sha256"]
+
+
+def test_sharded_fsdp_run_killed_in_its_background_write_resumes_bit_exactly(tmp_path,
+                                                                              fsdp_clean):
+    """Contract 3 with the shards written in the background: rank 0 is SIGKILLed in its
+    writer's thread once every rank's shards of step 16 and its state file are written, before
+    it publishes them (what a crash there leaves is the most complete-looking partial folder);
+    the restart resumes from step 8 and ends as the run that was never killed."""
+    out = tmp_path / "killed"
+    killed = run(dptrain_cmd(*FSDP_RUN, "--out", str(out), "--fail-at", "0:ckpt:16",
+                             "--max-restarts", "1"), timeout_s=240)
+    assert killed.returncode == 0, killed.output
+    assert "[rank 0] fault injection (attempt 0): SIGKILL while writing the checkpoint of " \
+        "step 16" in killed.output
+    assert "resumed from" in killed.stdout and "step-00000008" in killed.stdout
+    assert ckpt.validate(out / "checkpoints" / "step-00000016").meta["sharded"]  # rewritten
+    assert _summary(out)["params_sha256"] == fsdp_clean["params_sha256"]
 
 
 def test_sigterm_stops_the_job_quietly_with_status_143(tmp_path):

@@ -1,12 +1,14 @@
 """torch-gpt under FSDP2: each block its own unit, then the root (which holds the embeddings
 and the output layer tied to them), with or without activation checkpointing; sharded
-checkpoints written on 2 ranks resume on 1 and back on 2, in float64 as a run that never
-stopped, and the tie survives every round trip."""
+checkpoints written on 2 ranks in the background (as the Trainer writes them, while a further
+step changes the weights) resume on 1 and back on 2, in float64 as a run that never stopped,
+and the tie survives every round trip."""
 
 from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,10 +60,11 @@ def _tied(learner: TorchLearner) -> bool:
 
 
 def _phase(rank: int, world_size: int, load: str | None, save: str, steps: list[int],
-           seed: int, checkpointing: bool = False) -> dict:
-    """A fresh learner (initialised from `seed`) restores `load`, trains `steps`, saves;
-    `checkpointing`: with the blocks recomputed in the backward (--activation-checkpointing),
-    which must change nothing."""
+           seed: int, checkpointing: bool = False, after: tuple[int, ...] = ()) -> dict:
+    """A fresh learner (initialised from `seed`) restores `load`, trains `steps`, saves in the
+    background and trains `after` while the shards may still be written (the checkpoint must
+    hold the weights of the save); `checkpointing`: with the blocks recomputed in the backward
+    (--activation-checkpointing), which must change nothing."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         learner = _learner("fsdp", seed)
@@ -70,9 +73,11 @@ def _phase(rank: int, world_size: int, load: str | None, save: str, steps: list[
         learner.setup(_runtime(rank, world_size))
         units = [type(b).__name__ for b in learner.module.blocks]
         if load:
-            learner.load_sharded(load)
+            learner.load_sharded(Path(load) / "sharded")
         _train(learner, steps, rank, world_size)
-        learner.save_sharded(save)
+        learner.save_checkpoint(Path(save), background=True)
+        _train(learner, after, rank, world_size)
+        learner.checkpoint_written()
         return {"units": units, "root": type(learner.module).__name__, "tied": _tied(learner),
                 "state": learner.model_state_dict()}
 
@@ -80,9 +85,9 @@ def _phase(rank: int, world_size: int, load: str | None, save: str, steps: list[
 def _one_process(load: str, save: str, steps: list[int]) -> dict:
     learner = _learner("fsdp", seed=7)
     learner.setup(init_distributed(resolve_env({})))
-    learner.load_sharded(load)
+    learner.load_sharded(Path(load) / "sharded")
     _train(learner, steps, 0, 1)
-    learner.save_sharded(save)
+    learner.save_checkpoint(Path(save), background=True)  # one process: written here
     return {"tied": _tied(learner), "state": learner.model_state_dict()}
 
 
@@ -94,7 +99,8 @@ def _relative_gap(ours: dict, theirs: dict) -> float:
 
 def test_gpt_blocks_shard_and_resume_2_to_1_to_2_processes_as_if_never_stopped(tmp_path):
     first, second = str(tmp_path / "after2"), str(tmp_path / "after4")
-    started = run_world(_phase, None, first, [0, 1], 0, True, world_size=2, timeout_s=120)
+    started = run_world(_phase, None, first, [0, 1], 0, True, (2,), world_size=2,
+                        timeout_s=120)
     for rank, r in enumerate(started):
         assert r["units"] == ["FSDPBlock"] and r["root"] == "FSDPGPT", f"rank {rank}: {r}"
         assert r["tied"], f"rank {rank}: the output layer lost the embedding's weight"

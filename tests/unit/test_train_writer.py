@@ -95,8 +95,8 @@ class _GatedLearner(TagiLearner):
             self.gate.opened.set()
         return super().train_step(batch)
 
-    def save_checkpoint(self, directory: Path):
-        state = super().save_checkpoint(directory)
+    def save_checkpoint(self, directory: Path, **options):
+        state = super().save_checkpoint(directory, **options)
         if self.steps == 2:
             state["gate"] = self.gate
         return state

@@ -82,11 +82,19 @@ class Learner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (on every rank)."""
 
-    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+    def save_checkpoint(self, directory: Path, *, background: bool = False) -> dict[str, Any]:
         """Collective: the learner's part of a checkpoint being written to `directory` (the
         same path on every rank). Returns the state rank 0 stores in the checkpoint's state
         file; a learner that writes files of its own (each rank its shards) writes them under
-        `directory`, which then must be on a filesystem every rank shares."""
+        `directory`, which then must be on a filesystem every rank shares. With `background`
+        it may still be writing them when it returns, from a copy taken before it returns (the
+        next steps may change the model): `checkpoint_written` waits for them."""
+
+    def checkpoint_written(self) -> None:
+        """Block until the files of the last `save_checkpoint(background=True)` are complete on
+        every rank, or raise `CheckpointError`; at once when none are being written. Every rank
+        calls it before the next `save_checkpoint`, and rank 0 before it publishes the
+        checkpoint; it may run in a thread other than the training thread."""
 
     def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
         """Collective: restore from what `save_checkpoint` returned (`state`, the same on every

@@ -394,9 +394,12 @@ class TagiLearner:
             self.hrc = self._decoders[max(LINKS, key=lambda link: (scores[link], link))]
         return {**per_link[self.hrc.link], **rest}
 
-    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
-        """Rank 0's state file holds it all (replicas are identical)."""
+    def save_checkpoint(self, directory: Path, *, background: bool = False) -> dict[str, Any]:
+        """Rank 0's state file holds it all (replicas are identical): no files of its own."""
         return self.state_dict()
+
+    def checkpoint_written(self) -> None:
+        """Nothing to wait for: this learner writes no files of its own."""
 
     def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
         self.load_state_dict(state)

@@ -58,6 +58,7 @@ from dptrain.data.datasets.base import IGNORE_INDEX
 from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
 from dptrain.fingerprint import params_sha256
 from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
+from dptrain.learners.shard_writer import ShardWriter
 from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.ema import WeightEma
@@ -158,6 +159,7 @@ class TorchLearner:
         """The learning rate (first parameter group) of the last optimizer step."""
         self._peak_lrs: list[float] = []
         self._distributed = False
+        self._shard_writer: ShardWriter | None = None  # FSDP over > 1 rank: background saves
         self._replicated_buffers: list[torch.Tensor] = []
         self._last_grad_at = 0.0
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
@@ -211,6 +213,8 @@ class TorchLearner:
             module = convert_sync_batchnorm(module, device)
         self._module = module
         self._wrapped = self._fsdp_wrap(module) if self.is_sharded else self._ddp_wrap(module)
+        if self.is_sharded and self._distributed:
+            self._shard_writer = ShardWriter(runtime.timeout)
         if self._wrapped is not module:  # a DDP wrapper: see _drop_wrapper
             release_before_shutdown(functools.partial(_drop_wrapper, weakref.ref(self)))
         self._train_forward = torch.compile(self._wrapped) if self.config.compile \
@@ -638,11 +642,15 @@ class TorchLearner:
         self._require_setup()
         import torch.distributed.checkpoint as dcp
 
+        _run_dcp(dcp.save, self._sharded_state(), path)
+
+    def _sharded_state(self) -> dict[str, Any]:
+        """What `save_sharded` writes: this rank's shards, live (not copies)."""
         model, optim, initialized = self._dcp_state(full=False)
         state = {"model": model, "optimizer": optim, "extra": self._extra_state(initialized)}
         if self.ema is not None:
             state["ema"] = self.ema.state  # each rank its shards, resharded on load
-        _run_dcp(dcp.save, state, path)
+        return state
 
     def load_sharded(self, path: str | os.PathLike) -> None:
         """Read a `save_sharded` directory, resharding to this world size; collective."""
@@ -705,15 +713,28 @@ class TorchLearner:
         means, self.calibration = calibration.end_evaluation(means)
         return means
 
-    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+    def save_checkpoint(self, directory: Path, *, background: bool = False) -> dict[str, Any]:
         """DDP: the state, for rank 0's state file. FSDP: every rank writes its shards to
-        `directory`/sharded (a filesystem every rank shares) and the state file holds none."""
+        `directory`/sharded (a filesystem every rank shares) and the state file holds none.
+        With `background` (FSDP over more than one rank), each rank copies its shards to memory
+        here and a thread writes them; `checkpoint_written` waits for them. One process holds
+        the whole model and no group to write with: it writes here."""
         if not self.is_sharded:
             return self.state_dict()
+        shards = Path(directory) / "sharded"
+        if background and self._shard_writer is not None:
+            self._shard_writer.start(self._sharded_state(), shards)
+            return {}
         barrier()
-        self.save_sharded(Path(directory) / "sharded")
+        self.save_sharded(shards)
         barrier()  # every shard is on disk before rank 0 checksums and publishes them
         return {}
+
+    def checkpoint_written(self) -> None:
+        """Block until the shards of the last background `save_checkpoint` are on disk, on
+        every rank; raise `CheckpointError` if a rank could not write them."""
+        if self._shard_writer is not None:
+            self._shard_writer.wait()
 
     def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
         if not self.is_sharded:

@@ -7,7 +7,8 @@ the last point runs undisturbed. A point is
 
     RANK:STEP        that rank SIGKILLs itself just before it runs global step STEP
     RANK:ckpt:STEP   that rank SIGKILLs itself in the middle of writing the checkpoint of step
-                     STEP (rank 0: its state written, not yet published)
+                     STEP (rank 0: its state written, and a sharded learner's shards on every
+                     rank, not yet published)
 
 so `--fail-at 1:37,0:ckpt:90 --max-restarts 2` dies twice and must resume exactly each time.
 Checkpoints are written in the background (dptrain.train.writer): before a RANK:STEP kill the job

@@ -585,9 +585,9 @@ class Trainer:
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
         """Collective: every rank contributes its RNG state and its learner part; rank 0 copies
         the state to memory and writes it in the background (`TrainConfig.async_checkpoints`),
-        publishing it atomically. A sharded learner writes its shards here, on every rank,
-        before anyone steps on (torch.distributed.checkpoint); rank 0 then checksums and
-        publishes them in the background too, as nothing touches those files any more."""
+        publishing it atomically. A sharded learner's ranks copy their shards to memory here
+        and write them in the background too (torch.distributed.checkpoint); rank 0 checksums
+        and publishes the folder once every rank's shards are on disk."""
         started = time.perf_counter()
         if self.tb is not None:
             self.tb.flush()  # the steps before this checkpoint, which a resume will not log
@@ -601,13 +601,14 @@ class Trainer:
         partial_sums = dd.all_gather_object({} if epoch_done else dict(self._epoch_sums))
         # Since the last validation point, which need not be an epoch end (steps.csv).
         point_sums = dd.all_gather_object(dict(self._point_sums)) if self.counts_steps else None
-        if self.rank == 0:
-            # One write in flight at most; it must be done before `begin`, as its pruning
-            # removes stale temporary folders.
-            self._writer.wait()
+        # One write in flight at most, on every rank (a sharded learner's ranks each write
+        # theirs); rank 0's must be done before `begin`, as its pruning removes stale
+        # temporary folders.
+        self._writer.wait()
         tmp = ckpt.begin(self.ckpt_dir, self.step) if self.rank == 0 else None
         tmp = Path(dd.broadcast_object(str(tmp)))
-        learner_state = self.learner.save_checkpoint(tmp)
+        learner_state = self.learner.save_checkpoint(
+            tmp, background=self.config.async_checkpoints)
         if self.rank == 0:
             record = self._run_record()
             # Copies taken now: the live tensors change in the next steps, while the thread
@@ -625,6 +626,10 @@ class Trainer:
                     "run_record": record, "sharded": record.get("sharded_checkpoint", False),
                     "saved_at": time.time()}
             self._writer.submit(lambda: self._publish(tmp, state, meta, is_best, midway))
+        else:
+            # This rank's own files (its shards), finished in its writer's thread, so that the
+            # next checkpoint and the run's end wait for them as rank 0's wait for its write.
+            self._writer.submit(self.learner.checkpoint_written)
         if not self.config.async_checkpoints:
             dd.barrier()  # nobody runs ahead (or is killed) before the checkpoint is published
         self.checkpoint_pauses.append(time.perf_counter() - started)
@@ -640,7 +645,10 @@ class Trainer:
 
     def _publish(self, tmp: Path, state: dict[str, Any], meta: dict[str, Any], is_best: bool,
                  midway: Any) -> None:
-        """Rank 0, in the writer's thread: write, fsync, publish, copy as best, prune."""
+        """Rank 0, in the writer's thread: wait for every rank's files, write, fsync, publish,
+        copy as best, prune."""
+        # Raises if a rank could not write its shards: then nothing is published.
+        self.learner.checkpoint_written()
         final = ckpt.commit(tmp, state, meta, midway=midway)
         if is_best:
             ckpt.copy_as_best(final, self.ckpt_dir)
