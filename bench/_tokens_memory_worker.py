@@ -1,7 +1,10 @@
 """One measurement of bench/tokens_memory.py, in a fresh process: load tokens:DIR, draw
 windows through the Trainer's sampler and loader, print resident memory as one JSON line.
 
-    python bench/_tokens_memory_worker.py DIR BLOCK WINDOWS BATCH pread|memmap
+    python bench/_tokens_memory_worker.py DIR BLOCK WINDOWS BATCH pread|memmap|stored
+
+pread is dptrain as it runs; memmap reads through one memory map kept open; stored draws the
+epoch's order with torch.randperm held whole (the sampler's `permutation="stored"`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def main() -> None:
     record["peak_after_load_mb"] = status_mb("VmHWM")
     record["train_tokens"] = split.train.num_tokens
     record["train_windows"] = len(split.train)
-    sampler = ShardedSampler(split.train, rank=0, world_size=1, seed=0)
+    sampler = ShardedSampler(split.train, rank=0, world_size=1, seed=0,
+                             permutation="stored" if mode == "stored" else None)
     loader = BatchLoader(split.train, sampler, batch, workers=0)
     seen, epoch, check = 0, 0, 0
     start = time.perf_counter()

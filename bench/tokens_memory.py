@@ -1,7 +1,7 @@
 """Resident memory of a process training on tokens:DIR, for a file of 1 M and of 100 M tokens:
 it must not grow with the file.
 
-    .venv/bin/python bench/tokens_memory.py            # ~1.5 min on 2 cores, writes the JSON
+    .venv/bin/python bench/tokens_memory.py            # ~2 min on 2 cores, writes the JSON
     .venv/bin/python bench/tokens_memory.py --quick    # 1 M and 10 M tokens, writes nothing
 
 Two token folders are generated in a temporary directory (deleted afterwards): train.bin of
@@ -13,11 +13,11 @@ draws --windows windows of --block-size tokens in batches of --batch-size throug
 Trainer's `ShardedSampler` and `BatchLoader` (a seeded permutation of the whole file: the
 windows are spread over all of it). Recorded: VmRSS after the imports, after the load and at
 the end, and the peak (VmHWM). Beside dptrain's reads (`TokenFile`: a window at a time by
-position, `os.pread`), a control reads the same windows from one `np.memmap` of the file kept
-for the whole run: the pages it has read stay the process's resident memory. What does grow
-with the file is per window: the sampler's permutation of the window starts (8 bytes per
-window, printed beside the growth) and the loader's list of an epoch's batches (one index view
-per batch). Sizes and modes alternate over --repeats; medians.
+position, `os.pread`; the epoch's order computed a batch at a time, `ComputedPermutation`),
+two controls: "memmap" reads the same windows from one `np.memmap` of the file kept for the
+whole run (the pages it has read stay the process's resident memory), and "stored" holds the
+epoch's order whole (`torch.randperm`, 8 bytes per window, as the sampler did before). Sizes
+and modes alternate over --repeats; medians.
 """
 
 from __future__ import annotations
@@ -92,11 +92,12 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     write_tokens(roots["large"], args.large, seed=1)
     print(f"wrote {args.small:,} and {args.large:,} tokens in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
-    cases = [(size, mode) for mode in ("dptrain", "memmap") for size in ("small", "large")]
+    modes = {"dptrain": "pread", "memmap": "memmap", "stored": "stored"}
+    cases = [(size, mode) for mode in modes for size in ("small", "large")]
     runs: dict[str, list[dict]] = {f"{size}, {mode}": [] for size, mode in cases}
     for repeat in range(args.repeats):
         for size, mode in cases if repeat % 2 == 0 else cases[::-1]:
-            record = measure(roots[size], args, "pread" if mode == "dptrain" else mode)
+            record = measure(roots[size], args, modes[mode])
             runs[f"{size}, {mode}"].append(record)
             print(f"  {size:5} {mode:7} peak {record['peak_mb']:7.1f} MB (after imports "
                   f"{record['after_imports_mb']:.1f}, after load {record['after_load_mb']:.1f}, "
@@ -107,21 +108,22 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
                       for key in records[0] if isinstance(records[0][key], (int, float))}
                for case, records in runs.items()}
     ratios = {}
-    for mode in ("dptrain", "memmap"):
+    for mode in modes:
         small, large = medians[f"small, {mode}"], medians[f"large, {mode}"]
         ratios[mode] = {
             "peak_ratio": large["peak_mb"] / small["peak_mb"],
             "peak_growth_mb": large["peak_mb"] - small["peak_mb"],
             "data_peak_ratio": (large["peak_mb"] - large["after_imports_mb"])
             / (small["peak_mb"] - small["after_imports_mb"]),
-            "permutation_growth_mb": 8 * (large["train_windows"] - small["train_windows"]) / 2**20,
+            "stored_permutation_growth_mb":
+                8 * (large["train_windows"] - small["train_windows"]) / 2**20,
         }
     print(f"\n{args.large:,} vs {args.small:,} tokens ({args.large // args.small}x the file), "
           f"{args.windows} windows of {args.block_size}, medians of {args.repeats}:")
     for mode, r in ratios.items():
         print(f"  {mode:7}: peak resident memory x{r['peak_ratio']:.3f} "
-              f"({r['peak_growth_mb']:+.1f} MB, of which the sampler's permutation "
-              f"{r['permutation_growth_mb']:+.1f} MB); above the imports "
+              f"({r['peak_growth_mb']:+.1f} MB; a stored permutation grows by "
+              f"{r['stored_permutation_growth_mb']:+.1f} MB); above the imports "
               f"x{r['data_peak_ratio']:.2f}")
     if args.quick:
         return

@@ -19,6 +19,8 @@ from dptrain.errors import CheckpointError, ConfigError
 
 LENGTHS = [1, 2, 3, 5, 7, 8, 13, 64, 101]
 WORLD_SIZES = [1, 2, 3, 4, 8]
+# every contract holds for both ways of making an epoch's order
+permutations = pytest.mark.parametrize("permutation", ["stored", "computed"])
 
 
 def _shards(n: int, world: int, epoch: int = 0, **kw) -> list[list[int]]:
@@ -41,24 +43,27 @@ def _interleave(shards: list[list[int]]) -> list[int]:
     return out
 
 
+@permutations
 @pytest.mark.parametrize("world", WORLD_SIZES)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_eval_mode_visits_every_index_exactly_once(n, world):
+def test_eval_mode_visits_every_index_exactly_once(n, world, permutation):
     """Contract 5: no padding, disjoint ranks, counts differ by at most one."""
     for epoch, shuffle in [(0, False), (0, True), (3, True)]:
-        shards = _shards(n, world, epoch, mode="eval", shuffle=shuffle, seed=7)
+        shards = _shards(n, world, epoch, mode="eval", shuffle=shuffle, seed=7,
+                         permutation=permutation)
         assert sorted(i for s in shards for i in s) == list(range(n))
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
         if not shuffle:
             assert _interleave(shards) == list(range(n))
 
 
+@permutations
 @pytest.mark.parametrize("world", WORLD_SIZES)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_train_mode_pads_by_wrapping_to_equal_counts(n, world):
+def test_train_mode_pads_by_wrapping_to_equal_counts(n, world, permutation):
     """Every rank gets ceil(N/W); the padding repeats the start of the same permutation."""
     for epoch in range(3):
-        shards = _shards(n, world, epoch, seed=1)
+        shards = _shards(n, world, epoch, seed=1, permutation=permutation)
         per_rank = math.ceil(n / world)
         assert all(len(s) == per_rank for s in shards)
         order = _interleave(shards)
@@ -66,24 +71,28 @@ def test_train_mode_pads_by_wrapping_to_equal_counts(n, world):
         assert order[n:] == (order[:n] * world)[:per_rank * world - n]
 
 
+@permutations
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
 @pytest.mark.parametrize("n", [8, 13, 64, 101])
-def test_train_mode_drop_last_drops_only_the_tail(n, world):
+def test_train_mode_drop_last_drops_only_the_tail(n, world, permutation):
     for epoch in range(2):
-        shards = _shards(n, world, epoch, drop_last=True, seed=1)
+        shards = _shards(n, world, epoch, drop_last=True, seed=1, permutation=permutation)
         flat = [i for s in shards for i in s]
         assert all(len(s) == n // world for s in shards)
         assert len(set(flat)) == len(flat) == world * (n // world)
         assert set(flat) <= set(range(n))
 
 
+@permutations
 @pytest.mark.parametrize("world", WORLD_SIZES)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_uneven_last_batch_neither_pads_nor_drops(n, world):
+def test_uneven_last_batch_neither_pads_nor_drops(n, world, permutation):
     """Every index exactly once, in the permutation's order; the last ranks hold one fewer."""
     for epoch in range(2):
-        shards = _shards(n, world, epoch, seed=1, uneven_last_batch=True)
-        assert _interleave(shards) == _interleave(_shards(n, 1, epoch, seed=1)[:1])
+        shards = _shards(n, world, epoch, seed=1, uneven_last_batch=True,
+                         permutation=permutation)
+        assert _interleave(shards) == _interleave(_shards(n, 1, epoch, seed=1,
+                                                          permutation=permutation)[:1])
         assert [len(s) for s in shards] == [len(range(r, n, world)) for r in range(world)]
 
 
@@ -118,37 +127,40 @@ def _steps(n: int, world: int, global_batch: int, *, state: dict | None = None,
 CASES = [(64, 8), (101, 8), (13, 8), (41, 8), (9, 8)]
 
 
+@permutations
 @pytest.mark.parametrize("n, global_batch", CASES)
-def test_a_global_step_is_the_same_samples_on_any_world_size(n, global_batch):
+def test_a_global_step_is_the_same_samples_on_any_world_size(n, global_batch, permutation):
     """Which sample indices make up each global step, on 1 rank and on 2, 4 and 8: the same
     with `uneven_last_batch` (TAGI's sum mode), every step; padded (torch learners), every step
     but an epoch's last, which on N ranks adds up to N - 1 samples from the permutation's
     start."""
-    alone, _ = _steps(n, 1, global_batch)
+    alone, _ = _steps(n, 1, global_batch, permutation=permutation)
     assert sorted(i for step in alone for i in step) == list(range(n))
     assert len(alone) == steps_per_epoch(n, 1, global_batch)
     for world in (2, 4, 8):
-        uneven, _ = _steps(n, world, global_batch, uneven_last_batch=True)
+        uneven, _ = _steps(n, world, global_batch, uneven_last_batch=True,
+                           permutation=permutation)
         assert uneven == alone, world
-        padded, _ = _steps(n, world, global_batch)
+        padded, _ = _steps(n, world, global_batch, permutation=permutation)
         assert padded[:-1] == alone[:-1], world
         extra = list(padded[-1])
         for i in alone[-1]:
             extra.remove(i)
         assert len(extra) == world * math.ceil(n / world) - n <= world - 1
-        first = _interleave(_shards(n, 1, 1, seed=4))[:len(extra)]
+        first = _interleave(_shards(n, 1, 1, seed=4, permutation=permutation))[:len(extra)]
         assert sorted(extra) == sorted(first), world
 
 
+@permutations
 @pytest.mark.parametrize("uneven", [True, False])
 @pytest.mark.parametrize("saved_world, world", [(2, 1), (1, 2), (2, 4), (8, 2), (4, 8)])
 @pytest.mark.parametrize("n, global_batch", CASES)
 def test_a_position_saved_on_one_world_size_continues_on_another(n, global_batch, saved_world,
-                                                                  world, uneven):
+                                                                  world, uneven, permutation):
     """Stopped after k steps on `saved_world` ranks, rank 0's sampler state continues on
     `world` ranks with step k + 1 of the uninterrupted run: the global position is steps done x
     global batch, whatever the world size (padded: all but the epoch's last step)."""
-    kw = {"uneven_last_batch": uneven}
+    kw = {"uneven_last_batch": uneven, "permutation": permutation}
     full, _ = _steps(n, world, global_batch, **kw)
     for k in range(len(full)):
         done, state = _steps(n, saved_world, global_batch, stop_after=k, **kw)
@@ -159,18 +171,19 @@ def test_a_position_saved_on_one_world_size_continues_on_another(n, global_batch
         assert end["position"] == ShardedSampler(n, rank=0, world_size=world).num_slots
 
 
-def test_permutation_depends_on_seed_and_epoch_only():
+@permutations
+def test_permutation_depends_on_seed_and_epoch_only(permutation):
     """Same on every rank for an epoch, new each epoch, and immune to the global RNG."""
     n, world = 101, 4
     orders = []
     for epoch in range(3):
         torch.manual_seed(1000 + epoch)  # user code drawing random numbers must not matter
-        orders.append(_interleave(_shards(n, world, epoch, seed=5)))
-    assert orders[0] == _interleave(_shards(n, world, 0, seed=5))
+        orders.append(_interleave(_shards(n, world, epoch, seed=5, permutation=permutation)))
+    assert orders[0] == _interleave(_shards(n, world, 0, seed=5, permutation=permutation))
     assert orders[0] != orders[1] != orders[2]
-    assert orders[0] != _interleave(_shards(n, world, 0, seed=6))
+    assert orders[0] != _interleave(_shards(n, world, 0, seed=6, permutation=permutation))
     rng = torch.get_rng_state()
-    list(ShardedSampler(n, rank=0, world_size=1))
+    list(ShardedSampler(n, rank=0, world_size=1, permutation=permutation))
     assert torch.equal(rng, torch.get_rng_state())
 
 
@@ -179,26 +192,30 @@ def test_shuffle_defaults_train_on_eval_off():
     assert list(ShardedSampler(10, rank=0, world_size=1, mode="eval")) == list(range(10))
 
 
+@permutations
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("n, world, rank", [(13, 2, 1), (13, 3, 2), (64, 4, 0), (7, 8, 5)])
-def test_resume_mid_epoch_yields_exactly_the_rest(n, world, rank, mode):
+def test_resume_mid_epoch_yields_exactly_the_rest(n, world, rank, mode, permutation):
     """Contract 3 (data half): a sampler restored from state at any position continues the
-    same sequence, via __iter__ and via batches()."""
-    full = ShardedSampler(n, rank=rank, world_size=world, seed=3, mode=mode)
+    same sequence, via __iter__ and via batches(); the permutation comes from the state."""
+    full = ShardedSampler(n, rank=rank, world_size=world, seed=3, mode=mode, shuffle=True,
+                          permutation=permutation)
     full.set_epoch(2)
     expected = list(full)
     for k in range(len(expected) + 1):
-        run = ShardedSampler(n, rank=rank, world_size=world, seed=3, mode=mode)
+        run = ShardedSampler(n, rank=rank, world_size=world, seed=3, mode=mode, shuffle=True,
+                             permutation=permutation)
         run.set_epoch(2)
         it = iter(run)
         seen = [next(it) for _ in range(k)]
         state = run.state_dict()
         assert state["position"] == k and seen == expected[:k]
-        resumed = ShardedSampler(n, rank=rank, world_size=world, seed=99, mode=mode)
+        resumed = ShardedSampler(n, rank=rank, world_size=world, seed=99, mode=mode,
+                                 shuffle=True)
         resumed.load_state_dict(state)  # the seed comes from the state
         resumed.set_epoch(2)  # what a resumed Trainer does; same epoch keeps the position
         assert list(resumed) == expected[k:]
-        batched = ShardedSampler(n, rank=rank, world_size=world, mode=mode)
+        batched = ShardedSampler(n, rank=rank, world_size=world, mode=mode, shuffle=True)
         batched.load_state_dict(state)
         assert torch.cat([torch.empty(0, dtype=torch.long), *batched.batches(3)]).tolist() \
             == expected[k:]

@@ -278,3 +278,28 @@ def test_bf16_autocast_trains_the_gpt_close_to_float32():
     moved = (weights["32"] - GPT(SMALL).token_embedding.weight).abs().max()
     assert moved > 1e-3  # AdamW moves each weight by about lr a step
     assert (weights["bf16"] - weights["32"]).abs().max() < 0.1 * moved
+
+
+@pytest.mark.slow
+def test_compile_trains_the_gpt_as_eager_does():
+    """`--compile` on torch-gpt: the training forward and backward through torch.compile
+    (inductor: the attention, the tied head, the per-token loss) give eager's per-token loss
+    and weights to float32 rounding of fused code, and the state keeps the model's own keys."""
+    learners, losses = [], []
+    for compile in (False, True):
+        torch.manual_seed(0)
+        learner = TorchLearner(GPT(SMALL), nn.CrossEntropyLoss(),
+                               functools.partial(torch.optim.AdamW, lr=1e-3), compile=compile)
+        learner.setup(_runtime())
+        learners.append(learner)
+        losses.append([learner.train_step((_ids(4, 8, seed=10 + step),
+                                           _ids(4, 8, seed=20 + step)))["loss"]
+                       for step in range(3)])
+    eager, compiled = learners
+    assert compiled._compile_checked and compiled._train_forward is not compiled._wrapped
+    for want, got in zip(*losses):
+        assert got[1] == want[1] == 4 * 8  # summed over every token
+        assert got[0] == pytest.approx(want[0], rel=1e-5)
+    want, got = eager.model_state_dict(), compiled.model_state_dict()
+    assert want.keys() == got.keys()
+    assert max((want[k] - got[k]).abs().max().item() for k in want) < 1e-5

@@ -23,11 +23,12 @@ data (a corrupt image: `DataError`) reach the training process as the same one-l
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -117,16 +118,19 @@ class _Failure:
 
 
 class _Keys(Sampler[BatchKey]):
-    """The keys of the batches the loader is about to hand out; set anew for every pass."""
+    """The keys of the batches the loader is about to hand out, made as the DataLoader asks for
+    them (an epoch of a large token file has millions); set anew for every pass. Each iterator
+    starts the pass again (workers started again after a hung fork ask from the start)."""
 
     def __init__(self) -> None:
-        self.keys: list[BatchKey] = []
+        self.keys: Callable[[], Iterator[BatchKey]] = lambda: iter(())
+        self.count = 0
 
     def __iter__(self) -> Iterator[BatchKey]:
-        return iter(self.keys)
+        return self.keys()
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return self.count
 
 
 class BatchLoader:
@@ -172,60 +176,46 @@ class BatchLoader:
         return self.sampler.num_batches(self.local_batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._loader is None and self.mixing is None:
-            yield from self._made_here()
-            return
-        start = self.sampler.position
-        index_batches, ends = [], []  # ends: the sampler's position after each batch
-        for indices in self.sampler.batches(self.local_batch_size):
-            index_batches.append(indices)
-            ends.append(self.sampler.position)
-        self.sampler.set_position(start)
-        epoch = self.sampler.epoch
-        plans = self._plans(start, ends)
+        sampler, epoch = self.sampler, self.sampler.epoch
+        start, slots, size = sampler.position, sampler.num_slots, self.local_batch_size
+        # The sampler's batches() by slot, each made when asked for: no list of the epoch's
+        # batches is held (an epoch of a large token file has millions of windows), and the
+        # DataLoader's keys, drawn ahead of the loop, do not move the position a checkpoint
+        # saves.
+        begins = range(start, slots, size)
+        ends = (min(begin + size, slots) for begin in begins)
+
+        def keys() -> Iterator[BatchKey]:
+            for begin, plan in zip(begins, self._plans(begins, slots)):
+                yield epoch, sampler.indices_in_slots(begin, min(begin + size, slots)), plan
+
         if self._loader is None:
-            made: Iterator[Any] = (make_batch(self.dataset, epoch, idx, plan, mixing=self.mixing)
-                                   for idx, plan in zip(index_batches, plans))
+            made: Iterator[Any] = (make_batch(self.dataset, *key, mixing=self.mixing)
+                                   for key in keys())
         else:
-            self._keys.keys = [(epoch, idx, plan) for idx, plan in zip(index_batches, plans)]
+            self._keys.keys, self._keys.count = keys, len(begins)
             made = self._batches()
         for end, batch in zip(ends, made):
             if isinstance(batch, _Failure):
                 raise DataError(batch.message)
             self.skipped.update(batch.skipped)
             # the batch's slots, which past the data (uneven_last_batch) hold no index
-            self.sampler.set_position(end)
-            yield batch
-
-    def _made_here(self) -> Iterator[Batch]:
-        """The batches made in this process, each when it is asked for: no list of the
-        epoch's batches is held (an epoch of a large token file has millions of windows)."""
-        sampler, epoch = self.sampler, self.sampler.epoch
-        begin = sampler.position
-        for indices in sampler.batches(self.local_batch_size):
-            end = sampler.position  # batches() moved it past this batch: not consumed yet
-            sampler.set_position(begin)
-            batch = make_batch(self.dataset, epoch, indices, None, mixing=None)
-            self.skipped.update(batch.skipped)
             sampler.set_position(end)
             yield batch
-            begin = end
-        sampler.set_position(sampler.position)  # at the end, as the listed pass leaves it
 
-    def _plans(self, start: int, ends: list[int]) -> list[MixPlan | None]:
+    def _plans(self, begins: range, slots: int) -> Iterator[MixPlan | None]:
         """Each batch's mixing draws (None without mixing), from its samples' global
         positions: every rank's local slot i is position i x world size + rank."""
         if self.mixing is None:
-            return [None] * len(ends)
+            yield from itertools.repeat(None, len(begins))
+            return
         sampler, world = self.sampler, self.sampler.world_size
         order, shape = sampler.epoch_order(), sample_shape(self.dataset)
-        plans, begin = [], start
-        for end in ends:
-            positions = global_positions(begin, end, sampler.rank, world)
-            plans.append(self.mixing.plan(sampler.epoch, positions, order,
-                                          self.local_batch_size * world, shape))
-            begin = end
-        return plans
+        for begin in begins:
+            positions = global_positions(begin, min(begin + begins.step, slots), sampler.rank,
+                                         world)
+            yield self.mixing.plan(sampler.epoch, positions, order,
+                                   self.local_batch_size * world, shape)
 
     def _batches(self) -> Iterator[Any]:
         """The DataLoader's pass; on the first, once every worker has reported that it runs."""

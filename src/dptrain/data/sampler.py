@@ -38,10 +38,14 @@ import torch
 from torch.utils.data import Sampler
 
 from dptrain import runtime as dd
+from dptrain.data.permutation import ComputedPermutation
 from dptrain.errors import CheckpointError, ConfigError
 
 Mode = Literal["train", "eval"]
 _MODES = ("train", "eval")
+Permutation = Literal["stored", "computed"]
+_PERMUTATIONS = ("stored", "computed")
+_ITER_CHUNK = 4096  # indices made at a time by __iter__
 # Keys of state_dict() that describe the run rather than its progress: a checkpoint whose values
 # differ cannot be resumed exactly, because the position would point into a different sequence.
 # The world size is one only in eval mode and with drop_last (other samples exist per world
@@ -136,6 +140,11 @@ class ShardedSampler(Sampler[int]):
         drop_last: train mode only; drop the tail instead of padding by wrapping.
         uneven_last_batch: train mode only; neither pad nor drop: the last step's batch holds
             the samples left, so a rank may get fewer than the others, or none.
+        permutation: how a shuffled epoch's order is made. "stored": `torch.randperm`, held
+            for the epoch (8 bytes per sample). "computed": a `ComputedPermutation`, evaluated
+            for the indices asked for, so an epoch of millions of samples (the windows of a
+            large token file) costs no memory. Defaults to the dataset's `permutation`
+            attribute if it has one, else "stored". Both are functions of (seed, epoch) alone.
 
     Raises:
         ConfigError: bad rank, world size, mode, length, or drop_last or uneven_last_batch in
@@ -145,9 +154,14 @@ class ShardedSampler(Sampler[int]):
     def __init__(self, dataset_or_length: Sized | int, *, rank: int | None = None,
                  world_size: int | None = None, shuffle: bool | None = None, seed: int = 0,
                  mode: Mode = "train", drop_last: bool = False,
-                 uneven_last_batch: bool = False) -> None:
+                 uneven_last_batch: bool = False, permutation: Permutation | None = None) -> None:
         if mode not in _MODES:
             raise ConfigError(f"ShardedSampler mode must be one of {_MODES}, got {mode!r}")
+        if permutation is None:
+            permutation = getattr(dataset_or_length, "permutation", "stored")
+        if permutation not in _PERMUTATIONS:
+            raise ConfigError(f"ShardedSampler permutation must be one of {_PERMUTATIONS}, "
+                              f"got {permutation!r}")
         if mode == "eval" and (drop_last or uneven_last_batch):
             flag = "drop_last" if drop_last else "uneven_last_batch"
             raise ConfigError(f"ShardedSampler(mode='eval') visits every sample exactly once; "
@@ -170,9 +184,11 @@ class ShardedSampler(Sampler[int]):
         self.seed = int(seed)
         self.drop_last = drop_last
         self.uneven_last_batch = bool(uneven_last_batch)
+        self.permutation: Permutation = permutation
         self.epoch = 0
         self._position = 0
         self._ran_to_end = False
+        self._stored: tuple[tuple[int, int], torch.Tensor] | None = None  # (seed, epoch), order
 
     def __len__(self) -> int:
         """This rank's number of indices for a whole epoch (not only the remaining ones)."""
@@ -218,37 +234,53 @@ class ShardedSampler(Sampler[int]):
 
     def indices(self) -> torch.Tensor:
         """All of this rank's indices for the current epoch, in order (int64, shape (len,))."""
-        return self.epoch_order()[self.rank::self.world_size]
+        return self.indices_in_slots(0, len(self))
 
     def epoch_order(self) -> torch.Tensor:
         """Every rank's indices of the current epoch by global position (rank r takes
         positions r, r + world size, ...): the permutation, padded in train mode unless
         `uneven_last_batch`."""
-        n, world = self.num_samples, self.world_size
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g)
-        else:
-            order = torch.arange(n)
-        if self.mode == "train" and not self.uneven_last_batch and world * len(self) != n:
-            total = world * len(self)
-            # repeat() covers padding longer than the data itself (fewer samples than ranks);
-            # skipped when nothing is padded, so an epoch of many samples (token windows) holds
-            # one permutation, not two
-            order = order.repeat(math.ceil(total / n))[:total]
-        return order
+        return self._order_at(torch.arange(self._num_positions()))
 
-    def _start(self) -> torch.Tensor:
+    def _num_positions(self) -> int:
+        """Global positions of the epoch: n, or the padded total in padded train mode."""
+        if self.mode == "train" and not self.uneven_last_batch:
+            return self.world_size * len(self)
+        return self.num_samples
+
+    def _order_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """The epoch's indices at global `positions`; padding wraps around to the start."""
+        positions = positions % self.num_samples
+        if not self.shuffle:
+            return positions
+        if self.permutation == "computed":
+            return ComputedPermutation(self.num_samples, self.seed, self.epoch)[positions]
+        key = (self.seed, self.epoch)
+        if self._stored is None or self._stored[0] != key:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            self._stored = key, torch.randperm(self.num_samples, generator=g)
+        return self._stored[1][positions]
+
+    def indices_in_slots(self, begin: int, end: int) -> torch.Tensor:
+        """This rank's indices in its slots [begin, end) of the epoch, whatever the position;
+        a slot past the data (possible with `uneven_last_batch`) holds none."""
+        positions = self.rank + self.world_size * torch.arange(begin, end)
+        positions = positions[positions < self._num_positions()]
+        return self._order_at(positions)
+
+    def _start(self) -> None:
         if self._ran_to_end:
             self._position = 0
             self._ran_to_end = False
-        return self.indices()
 
     def __iter__(self) -> Iterator[int]:
-        indices = self._start().tolist()
-        for i in range(self._position, len(indices)):
-            self._position = i + 1
-            yield indices[i]
+        self._start()
+        slots = len(self)  # the slots that hold an index; any others are past the data
+        for begin in range(self._position, slots, _ITER_CHUNK):
+            for i, index in enumerate(self.indices_in_slots(begin, min(begin + _ITER_CHUNK,
+                                                                        slots)).tolist()):
+                self._position = begin + i + 1
+                yield index
         self._position = self.num_slots  # the empty slots past the data, if any
         self._ran_to_end = True
 
@@ -264,14 +296,15 @@ class ShardedSampler(Sampler[int]):
         boundaries for a resumed run to see the same batches as an uninterrupted one.
         """
         _check_positive("local_batch_size", local_batch_size)
-        indices, slots = self._start(), self.num_slots
+        self._start()
+        slots = self.num_slots
         for start in range(self._position, slots, local_batch_size):
             end = min(start + local_batch_size, slots)
             if drop_partial and end - start < local_batch_size:
                 self._position = slots
                 break
             self._position = end
-            yield indices[start:end]
+            yield self.indices_in_slots(start, end)
         self._ran_to_end = True
 
     def num_batches(self, local_batch_size: int, *, drop_partial: bool = False) -> int:
@@ -282,18 +315,20 @@ class ShardedSampler(Sampler[int]):
         return math.ceil(self.num_slots / local_batch_size)
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, seed and position, plus the settings a resumed run must share.
+        """Epoch, seed, permutation and position, plus the settings a resumed run must share.
 
         In train mode every rank holds the same state at a step boundary, so saving rank 0's is
         enough.
         """
-        return {"epoch": self.epoch, "seed": self.seed, "position": self._position,
+        return {"epoch": self.epoch, "seed": self.seed, "permutation": self.permutation,
+                "position": self._position,
                 "num_samples": self.num_samples, "world_size": self.world_size,
                 "mode": self.mode, "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "uneven_last_batch": self.uneven_last_batch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where `state` left off. The seed comes from `state`.
+        """Continue where `state` left off. The seed and the permutation come from `state` (a
+        state without a permutation was saved before "computed" existed: "stored").
 
         On another world size (train mode, no drop_last) the saved position means the first
         position × saved world size samples of the epoch's permutation, and this sampler
@@ -328,9 +363,14 @@ class ShardedSampler(Sampler[int]):
                                   f"and position in [0, slots per rank], got epoch={epoch!r}, "
                                   f"seed={seed!r}, world_size={world!r}, "
                                   f"position={position!r}")
+        permutation = state.get("permutation", "stored")
+        if permutation not in _PERMUTATIONS:
+            raise CheckpointError(f"sampler state: permutation must be one of {_PERMUTATIONS}, "
+                                  f"got {permutation!r}")
         if world != self.world_size:
             position = self._position_from(position, world, saved_slots)
         self.epoch, self.seed, self._position = epoch, seed, position
+        self.permutation = permutation
         self._ran_to_end = False
 
     def _position_from(self, position: int, world: int, saved_slots: int) -> int:
@@ -352,6 +392,6 @@ class ShardedSampler(Sampler[int]):
     def __repr__(self) -> str:
         return (f"ShardedSampler(num_samples={self.num_samples}, rank={self.rank}, "
                 f"world_size={self.world_size}, mode={self.mode!r}, shuffle={self.shuffle}, "
-                f"seed={self.seed}, drop_last={self.drop_last}, "
+                f"seed={self.seed}, permutation={self.permutation!r}, drop_last={self.drop_last}, "
                 f"uneven_last_batch={self.uneven_last_batch}, epoch={self.epoch}, "
                 f"position={self._position})")

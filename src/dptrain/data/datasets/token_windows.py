@@ -110,6 +110,10 @@ class TokenWindows(torch.utils.data.Dataset):
         DataError: the part has fewer than block_size + 1 tokens (no window with its targets).
     """
 
+    permutation = "computed"
+    """The sampler computes the epoch's order per batch: a stored one would cost 8 bytes per
+    window, memory that grows with the file (data/permutation.py)."""
+
     def __init__(self, source: TokenArray | TokenFile, begin: int, end: int, *,
                  block_size: int, name: str, seed: int = 0,
                  shuffle_offset: bool = False) -> None:
