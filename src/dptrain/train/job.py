@@ -56,7 +56,7 @@ from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train import resume
 from dptrain.train.options import TrainOptions, as_saved, run_record
-from dptrain.train.trainer import TrainConfig, Trainer, default_monitor, metric_names
+from dptrain.train.trainer import TrainConfig, Trainer, metric_names, split_monitor
 
 
 def run_dir(options: TrainOptions, label: str) -> str:
@@ -117,15 +117,15 @@ def preflight(options: TrainOptions) -> None:
 
 
 def monitor_of(options: TrainOptions, split: Split) -> str:
-    """The metric that chooses: --monitor, else the validation error or RMSE (its EMA twin
+    """The metric that chooses: --monitor, else the validation error or RMSE (the
+    per-series-balanced val_series_nrmse for several time series; its EMA twin
     with --ema: the averaged model is the one such a run keeps); the test ones for a run from
     before validation parts (it has none), as it began."""
     if options.monitor:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    monitor = default_monitor(split.task, split.validation is not None,
-                              split.vocabulary is not None)
+    monitor = split_monitor(split)
     return ema_metric(monitor) if options.ema and monitor else monitor
 
 
@@ -193,8 +193,7 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
     """A --monitor the run does not report is refused in one line that lists those it does;
     a test metric too (validation chooses, test reports), but for a run from before
     validation parts that monitored one."""
-    if not options.monitor or options.monitor == default_monitor(
-            split.task, split.validation is not None, split.vocabulary is not None):
+    if not options.monitor or options.monitor == split_monitor(split):
         return
     if options.monitor.startswith("test_") and options.val_size != NO_VALIDATION:
         raise ConfigError(f"--monitor {options.monitor}: the test part is evaluated and "
