@@ -103,8 +103,10 @@ def test_one_odd_series_cannot_capture_it_as_it_captures_the_pooled_rmse():
 def test_pop_series_nrmse_bounds_each_series_at_four_medians():
     sums = {**{f"_series_mse:{s}": (4.0, 4.0) for s in range(9)},  # RMSE 1 each
             "_series_mse:9": (1e6, 1.0), "mse": (1.0, 1.0)}
-    reduced = pop_series_nrmse(means(sums))
+    reduced = pop_series_nrmse(means(sums), "val")
     assert reduced == {"mse": 1.0, "series_nrmse": pytest.approx((9 + 4) / 10)}
+    # it chooses: the test part reports the pooled metrics alone, as before it
+    assert pop_series_nrmse(means(sums), "test") == {"mse": 1.0}
 
 
 def test_several_series_choose_by_it_one_series_by_the_rmse():

@@ -1,7 +1,7 @@
 """A validation measure of multi-series windows that one odd series cannot capture.
 
     metrics.update(series_sums(err2, seen, batch.series))   # eval_step: (sum, count) per series
-    means = pop_series_nrmse(means)                          # end_evaluation: series_nrmse
+    means = pop_series_nrmse(means, part)                    # end_evaluation: series_nrmse
 
 Each series' squared errors (standardised units: its own training std) are summed as metrics
 are, `(sum, count)` per series, so the reduction over the ranks stays exact however the
@@ -43,11 +43,15 @@ def series_sums(err2: torch.Tensor, seen: torch.Tensor, series: torch.Tensor | N
             for s, e, c in zip(ids.tolist(), err2_sum.tolist(), count.tolist()) if c > 0}
 
 
-def pop_series_nrmse(means: dict[str, float], prefix: str = "") -> dict[str, float]:
-    """`means` without the per-series entries of `series_sums` (made with `prefix`), and
-    with `{prefix}series_nrmse` from them where there were any (module docstring)."""
+def pop_series_nrmse(means: dict[str, float], part: str, prefix: str = "") -> dict[str, float]:
+    """`means` without the per-series entries of `series_sums` (made with `prefix`), and,
+    for the validation part ("val") where there were any, with `{prefix}series_nrmse` from
+    them (module docstring). It is there to choose: the test part reports the pooled metrics
+    alone, as it did before (a run from before it resumes with the columns it began with)."""
     names = [name for name in means if name.startswith(f"{prefix}{PREFIX}")]
-    if not names:
+    if not names or part != "val":
+        for name in names:
+            del means[name]
         return means
     rmse = torch.tensor([math.sqrt(means.pop(name)) for name in names], dtype=torch.float64)
     rmse = rmse[torch.isfinite(rmse)]

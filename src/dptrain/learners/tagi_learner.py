@@ -77,8 +77,8 @@ class TagiLearner:
     element), and `log_likelihood` of the targets under the predictive distribution; for
     regression the share of targets inside the 1σ, 2σ and 3σ predictive intervals
     (`coverage_1sigma`, ...), for classification (evaluation only) the calibration bins of
-    `dptrain.learners.calibration`; on windows of several time series (a batch with
-    `series`) also `series_nrmse`, the per-series-balanced RMSE of
+    `dptrain.learners.calibration`; on the validation windows of several time series (a
+    batch with `series`) also `series_nrmse`, the per-series-balanced RMSE of
     `dptrain.learners.series_metrics`. Train metrics come from the forward pass *before* each
     update. Each evaluation also checks whether the run has collapsed (its predictions no
     longer depend on the input): the first time, one warning line, and `collapse` in the
@@ -368,7 +368,7 @@ class TagiLearner:
         if self.hrc is not None and self.hrc_link == "auto":
             means = self._choose_link(means, part)
         means, self.calibration = calibration.end_evaluation(means)
-        means = pop_series_nrmse(means)
+        means = pop_series_nrmse(means, part)
         spread = collapse.pop_output_spread(means)
         top_share = _pop_top_class_share(means)
         if self.collapse is None:  # named once, at the first evaluation that finds it

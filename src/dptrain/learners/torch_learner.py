@@ -719,7 +719,7 @@ class TorchLearner:
 
     def end_evaluation(self, means: dict[str, float], part: str = "test") -> dict[str, float]:
         means, self.calibration = calibration.end_evaluation(means)
-        return pop_series_nrmse(pop_series_nrmse(means), "ema_")
+        return pop_series_nrmse(pop_series_nrmse(means, part), part, "ema_")
 
     def save_checkpoint(self, directory: Path, *, background: bool = False) -> dict[str, Any]:
         """DDP: the state, for rank 0's state file. FSDP: every rank writes its shards to

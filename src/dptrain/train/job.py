@@ -181,11 +181,12 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
             fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
         tested = learner.eval_step(
             fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
-        evaluated = learner.end_evaluation(means(tested))
-    parts = ("val", "test") if split.validation is not None else ("test",)
+        parts = ("val", "test") if split.validation is not None else ("test",)
+        # each part as it is evaluated: the validation part reports what chooses
+        evaluated = {part: learner.end_evaluation(means(tested), part) for part in parts}
     unit = split.vocabulary.unit if split.vocabulary is not None else None
     names = [*metric_names(learner.end_training(means(train)), "train", unit),
-             *(name for part in parts for name in metric_names(evaluated, part, unit))]
+             *(name for part in parts for name in metric_names(evaluated[part], part, unit))]
     return sorted(set(names))
 
 
