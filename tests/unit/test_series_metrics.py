@@ -114,3 +114,30 @@ def test_several_series_choose_by_it_one_series_by_the_rmse():
     one = series_split("t", ["a"], [str(x) for x in range(100)], np.sin(np.arange(100.0))[None],
                        lookback=5, horizon=1)
     assert split_monitor(one) == "val_rmse"
+
+
+def test_a_run_resumed_goes_on_with_the_monitor_it_began_with(tmp_path):
+    """A multi-series run written before `val_series_nrmse` (its early-stopping state names no
+    monitor) resumes choosing by `val_rmse`, the default then: its best value is an RMSE. A
+    saved monitor is kept, and a monitor the command names stays the command's."""
+    from dptrain.runtime import init_distributed
+    from dptrain.train.early_stopping import EarlyStopping
+    from dptrain.train.trainer import Trainer, TrainConfig
+
+    split = _split(shift=0.0)
+
+    def trainer(**config) -> Trainer:
+        return Trainer(_learner(split), split, TrainConfig(out_dir=tmp_path, **config),
+                       init_distributed())
+
+    old = {"best": 0.5, "best_epoch": 2, "bad_epochs": 0}
+    resumed = trainer()
+    assert resumed.monitor == "val_series_nrmse"
+    resumed._monitor_as_saved(old)
+    assert resumed.monitor == resumed.early.monitor == "val_rmse"
+    kept = trainer()
+    kept._monitor_as_saved(EarlyStopping("val_series_nrmse").state_dict())
+    assert kept.monitor == "val_series_nrmse"
+    named = trainer(monitor="val_mae")
+    named._monitor_as_saved(old)
+    assert named.monitor == "val_mae"

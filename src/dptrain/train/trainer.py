@@ -702,9 +702,25 @@ class Trainer:
                            f"{self.step})")
         return str(found.path)
 
+    def _monitor_as_saved(self, saved: dict[str, Any]) -> None:
+        """A run whose monitor was left to its default goes on with the metric it began with:
+        its best value is in that metric's units. A checkpoint that names none was written
+        before the monitor was saved, when a multi-series split defaulted to `val_rmse`."""
+        if self.config.monitor:
+            return
+        split = self.split
+        before = default_monitor(split.task, split.validation is not None,
+                                 split.vocabulary is not None)
+        monitor = saved.get("monitor", before)
+        if monitor != self.monitor:
+            dd.rank_zero_print(f"monitor: {monitor}, as the run began (today's default for "
+                               f"this data is {self.monitor})")
+            self.monitor = self.early.monitor = monitor
+
     def _restore(self, found: resume.Found) -> None:
         state, trainer = found.state, found.state["trainer"]
         self.learner.load_checkpoint(state["learner"], found.path)
+        self._monitor_as_saved(state["early_stopping"])
         self.early.load_state_dict(state["early_stopping"])
         self.history = list(state["history"])
         self.step = trainer["step"]
