@@ -59,6 +59,14 @@ def test_a_troubled_multi_series_file_forecasts_with_finite_moments(tmp_path):
     assert done.returncode == 0, done.output
     summary = json.loads((out / "summary.json").read_text())
     assert "failed_after_training" not in summary
+    assert "forecast_failed_series" not in summary  # every series' forecast was computed
     for key in ("forecast_rmse", "forecast_log_likelihood", "forecast_nd",
                 "forecast_variance_scale", "forecast_coverage_2sigma"):
         assert math.isfinite(summary[key]), (key, summary[key])
+    # A meter constant over its training part is scaled like the typical one: scaled by its
+    # own std (0.04 for meter 1), its waking values were thousands of stds, the windows'
+    # RMSE in standard units 417 (and the pooled validation RMSE chose the epoch by them).
+    assert summary["test_rmse"] < 20, summary["test_rmse"]
+    assert summary["monitor"] == "val_series_nrmse"
+    header = (out / "epochs.csv").read_text().splitlines()[0].split(",")
+    assert {"val_series_nrmse", "val_rmse"} <= set(header)

@@ -66,3 +66,14 @@ def test_a_test_metric_never_chooses():
     with pytest.raises(ConfigError, match=r"^--monitor test_rmse: the test part is evaluated "
                                           r"and reported, never used to choose .* val_rmse$"):
         check_monitor(options, load_job_split(options))
+
+
+@pytest.mark.parametrize("model", ["tagi-lstm", "torch-mlp"])
+def test_several_series_report_the_per_series_measure_beside_the_rmse(model):
+    """Issue 39: windows of several series report val_series_nrmse, which chooses by default
+    (dptrain.learners.series_metrics), and val_rmse beside it."""
+    options = TrainOptions(model=model, dataset="seasonal", hidden=8)
+    names = reported_metrics(options, load_job_split(options))
+    assert {"val_series_nrmse", "val_rmse", "test_rmse"} <= set(names)
+    assert "test_series_nrmse" not in names  # it chooses; the test part reports as before
+    assert not any(name.startswith(("val__", "test__")) for name in names)

@@ -62,7 +62,9 @@ def fetch_batch(dataset: Dataset, epoch: int, indices: torch.Tensor) -> Batch:
     if set_epoch is not None:
         set_epoch(epoch)
     if isinstance(dataset, ArrayDataset):
-        return Batch(dataset[indices])
+        batch = Batch(dataset[indices])
+        batch.series = dataset.series_of(indices)
+        return batch
     if isinstance(dataset, ImageFolderDataset):
         batch = dataset.batch(indices)
         if len(indices) and not len(batch[1]):

@@ -17,6 +17,7 @@ from dptrain.learners.calibration import calibration_sums, confidence_gap
 from dptrain.learners.forecast import forecast_report
 from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
+from dptrain.learners.series_metrics import pop_series_nrmse, series_sums
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, native, split_heteros
 from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.compiled import CompiledStep
@@ -76,7 +77,9 @@ class TagiLearner:
     element), and `log_likelihood` of the targets under the predictive distribution; for
     regression the share of targets inside the 1σ, 2σ and 3σ predictive intervals
     (`coverage_1sigma`, ...), for classification (evaluation only) the calibration bins of
-    `dptrain.learners.calibration`. Train metrics come from the forward pass *before* each
+    `dptrain.learners.calibration`; on the validation windows of several time series (a
+    batch with `series`) also `series_nrmse`, the per-series-balanced RMSE of
+    `dptrain.learners.series_metrics`. Train metrics come from the forward pass *before* each
     update. Each evaluation also checks whether the run has collapsed (its predictions no
     longer depend on the input): the first time, one warning line, and `collapse` in the
     report (None for a healthy run).
@@ -239,6 +242,7 @@ class TagiLearner:
             net.train()
         if self.hrc is None:
             metrics = self._metrics(mu, var, y)
+            metrics.update(self._series_sums(mu, var, y, getattr(batch, "series", None)))
         else:
             metrics = _class_metrics(self.hrc, mu, var, y)
             if self.hrc_link == "auto":  # and the other link's: `end_evaluation` chooses
@@ -269,6 +273,16 @@ class TagiLearner:
         return {"mse": (err2.sum().item(), count),
                 "log_likelihood": (torch.where(seen, log_lik, 0.0).sum().item(), count),
                 **coverage}
+
+    def _series_sums(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor,
+                     series: torch.Tensor | None) -> Metrics:
+        """Squared errors per series, in each series' standard units (`series_metrics`)."""
+        if series is None:
+            return {}
+        y = y.to(mu.dtype)
+        mean = self._bands(mu, var, y.shape)[0]
+        seen = torch.isfinite(y)
+        return series_sums(torch.where(seen, (y - mean) ** 2, 0.0), seen, series)
 
     def _bands(self, mu: torch.Tensor, var: torch.Tensor, target_shape: torch.Size | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -354,6 +368,7 @@ class TagiLearner:
         if self.hrc is not None and self.hrc_link == "auto":
             means = self._choose_link(means, part)
         means, self.calibration = calibration.end_evaluation(means)
+        means = pop_series_nrmse(means, part)
         spread = collapse.pop_output_spread(means)
         top_share = _pop_top_class_share(means)
         if self.collapse is None:  # named once, at the first evaluation that finds it

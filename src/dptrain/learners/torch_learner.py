@@ -63,6 +63,7 @@ from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.ema import WeightEma
 from dptrain.learners.protocol import Batch, Metrics
+from dptrain.learners.series_metrics import PREFIX, pop_series_nrmse, series_sums
 from dptrain.learners.torch_config import (
     FP16_DEVICE_TYPES,
     STATE_FORMAT,
@@ -391,16 +392,18 @@ class TorchLearner:
         rank must call it equally often (see `eval_is_collective`); empty batches are allowed.
         """
         self._require_setup()
+        series = getattr(batch, "series", None)
         x, y = self._to_device(_check_batch(batch, allow_empty=True))
-        metrics = self._evaluate(x, y)
+        metrics = self._evaluate(x, y, series)
         if self.ema is not None:
             with self.ema.swapped_in(self._module):
-                averaged = self._evaluate(x, y)
-            metrics.update({f"ema_{name}": averaged[name] for name in ("loss", "error", "mse")
-                            if name in averaged})
+                averaged = self._evaluate(x, y, series)
+            metrics.update({f"ema_{name}": value for name, value in averaged.items()
+                            if name in ("loss", "error", "mse") or name.startswith(PREFIX)})
         return metrics
 
-    def _evaluate(self, x: torch.Tensor, y: torch.Tensor) -> Metrics:
+    def _evaluate(self, x: torch.Tensor, y: torch.Tensor, series: torch.Tensor | None = None
+                  ) -> Metrics:
         n = x.shape[0]
         if n == 0 and not self.eval_is_collective:
             return self._eval_metrics(0.0, 0.0, 0, y, None)
@@ -410,7 +413,12 @@ class TorchLearner:
             if n == 0:
                 return self._eval_metrics(0.0, 0.0, 0, y, None)
             loss_sum, metric_sum = self._batch_stats(out, self._eval_loss(out, y), y).tolist()
-        return self._eval_metrics(loss_sum, metric_sum, n, y, out)
+        metrics = self._eval_metrics(loss_sum, metric_sum, n, y, out)
+        if self.task == "regression" and series is not None:  # windows of several series
+            seen = torch.isfinite(y)
+            err2 = torch.where(seen, (out.detach().double() - y.double()).square(), 0.0)
+            metrics.update(series_sums(err2, seen, series))
+        return metrics
 
     def _eval_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The loss evaluated: the training loss without label smoothing, whose floor is not
@@ -711,7 +719,7 @@ class TorchLearner:
 
     def end_evaluation(self, means: dict[str, float], part: str = "test") -> dict[str, float]:
         means, self.calibration = calibration.end_evaluation(means)
-        return means
+        return pop_series_nrmse(pop_series_nrmse(means, part), part, "ema_")
 
     def save_checkpoint(self, directory: Path, *, background: bool = False) -> dict[str, Any]:
         """DDP: the state, for rank 0's state file. FSDP: every rank writes its shards to

@@ -47,7 +47,8 @@ class EarlyStopping:
         return self.patience is not None and self.bad_epochs >= self.patience
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch, "bad_epochs": self.bad_epochs}
+        return {"monitor": self.monitor, "best": self.best, "best_epoch": self.best_epoch,
+                "bad_epochs": self.bad_epochs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.best_epoch = state["best"], state["best_epoch"]

@@ -56,7 +56,7 @@ from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train import resume
 from dptrain.train.options import TrainOptions, as_saved, run_record
-from dptrain.train.trainer import TrainConfig, Trainer, default_monitor, metric_names
+from dptrain.train.trainer import TrainConfig, Trainer, metric_names, split_monitor
 
 
 def run_dir(options: TrainOptions, label: str) -> str:
@@ -117,15 +117,15 @@ def preflight(options: TrainOptions) -> None:
 
 
 def monitor_of(options: TrainOptions, split: Split) -> str:
-    """The metric that chooses: --monitor, else the validation error or RMSE (its EMA twin
+    """The metric that chooses: --monitor, else the validation error or RMSE (the
+    per-series-balanced val_series_nrmse for several time series; its EMA twin
     with --ema: the averaged model is the one such a run keeps); the test ones for a run from
     before validation parts (it has none), as it began."""
     if options.monitor:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    monitor = default_monitor(split.task, split.validation is not None,
-                              split.vocabulary is not None)
+    monitor = split_monitor(split)
     return ema_metric(monitor) if options.ema and monitor else monitor
 
 
@@ -181,11 +181,12 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
             fetch_batch(split.train, 0, torch.arange(min(2, len(split.train)))))
         tested = learner.eval_step(
             fetch_batch(split.test, 0, torch.arange(min(2, len(split.test)))))
-        evaluated = learner.end_evaluation(means(tested))
-    parts = ("val", "test") if split.validation is not None else ("test",)
+        parts = ("val", "test") if split.validation is not None else ("test",)
+        # each part as it is evaluated: the validation part reports what chooses
+        evaluated = {part: learner.end_evaluation(means(tested), part) for part in parts}
     unit = split.vocabulary.unit if split.vocabulary is not None else None
     names = [*metric_names(learner.end_training(means(train)), "train", unit),
-             *(name for part in parts for name in metric_names(evaluated, part, unit))]
+             *(name for part in parts for name in metric_names(evaluated[part], part, unit))]
     return sorted(set(names))
 
 
@@ -193,8 +194,7 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
     """A --monitor the run does not report is refused in one line that lists those it does;
     a test metric too (validation chooses, test reports), but for a run from before
     validation parts that monitored one."""
-    if not options.monitor or options.monitor == default_monitor(
-            split.task, split.validation is not None, split.vocabulary is not None):
+    if not options.monitor or options.monitor == split_monitor(split):
         return
     if options.monitor.startswith("test_") and options.val_size != NO_VALIDATION:
         raise ConfigError(f"--monitor {options.monitor}: the test part is evaluated and "

@@ -72,7 +72,8 @@ class FitOptions:
     """Stop after this many epochs without a better monitored metric (0: never)."""
     monitor: str = ""
     """Metric for early stopping and the best checkpoint, a val_* one (validation chooses,
-    test reports; --val-size); empty: val_error (classification) or val_rmse (regression).
+    test reports; --val-size); empty: val_error (classification) or val_rmse (regression;
+    val_series_nrmse on several time series, each series weighed alike).
     A *log_likelihood* metric is maximised, others minimised."""
     fail_at: str = field(default="", metadata=resumable(metavar="RANK:STEP,..."))
     """Fault injection: RANK:STEP (that rank SIGKILLs itself before that step) or RANK:ckpt:STEP

@@ -35,6 +35,7 @@ from dptrain.data import (
     steps_per_epoch,
     world_sizes_dividing,
 )
+from dptrain.data.datasets.base import Batch as LoadedBatch
 from dptrain.data.datasets.holdout import subset
 from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
 from dptrain.data.loader import BatchLoader, fetch_batch
@@ -75,7 +76,8 @@ class TrainConfig:
     """auto: continue from the newest valid checkpoint in out_dir, if any."""
     monitor: str = ""
     """The metric that chooses the best epoch (best/) and stops early; empty: the task's
-    validation metric (val_error, val_rmse) when the split has a validation part, else
+    validation metric (val_error, val_rmse, val_series_nrmse for several time series) when
+    the split has a validation part, else
     nothing is chosen (no best/, no early stopping). Validation chooses, test reports: a
     test_* metric here chooses on the data the run reports on (docs/design.md)."""
     monitor_mode: Literal["min", "max"] = "min"
@@ -160,15 +162,26 @@ def metric_names(reported: Iterable[str], prefix: str, unit: str | None = None) 
     return list(_derived(dict.fromkeys(reported, 0.0), prefix, unit))
 
 
-def default_monitor(task: str, has_validation: bool, token_data: bool = False) -> str:
+def default_monitor(task: str, has_validation: bool, token_data: bool = False,
+                    multi_series: bool = False) -> str:
     """The metric that chooses when none is named: the validation loss (token data: nats per
-    token), error (classification) or RMSE (regression); "" (nothing chosen) without a
-    validation part."""
+    token), error (classification) or RMSE (regression; windows of several time series: the
+    per-series-balanced `val_series_nrmse`, which one odd series cannot capture,
+    `dptrain.learners.series_metrics`); "" (nothing chosen) without a validation part."""
     if not has_validation:
         return ""
     if token_data:
         return "val_loss"
-    return "val_error" if task == "classification" else "val_rmse"
+    if task == "classification":
+        return "val_error"
+    return "val_series_nrmse" if multi_series else "val_rmse"
+
+
+def split_monitor(split: Split) -> str:
+    """`default_monitor` of `split`."""
+    return default_monitor(split.task, split.validation is not None,
+                           split.vocabulary is not None,
+                           split.series is not None and len(split.series.names) > 1)
 
 
 def _add(sums: Metrics, metrics: Metrics) -> None:
@@ -228,9 +241,7 @@ class Trainer:
         self.paused_s = 0.0
         """Seconds of the current epoch spent in validation points and mid-epoch checkpoints."""
         """Seconds spent training (waits for batches included; evaluations and checkpoints not)."""
-        self.monitor = config.monitor or default_monitor(split.task,
-                                                         split.validation is not None,
-                                                         split.vocabulary is not None)
+        self.monitor = config.monitor or split_monitor(split)
         if config.patience is not None and not self.monitor:
             raise ConfigError(f"patience {config.patience} needs a metric to monitor, and "
                               f"{split.name} has no validation part: give the split one "
@@ -579,7 +590,9 @@ class Trainer:
     def _to_device(self, batch: Batch) -> Batch:
         x, y = batch
         device = self.runtime.device
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        moved = LoadedBatch((x.to(device, non_blocking=True), y.to(device, non_blocking=True)))
+        moved.series = getattr(batch, "series", None)  # stays on the CPU: it only counts
+        return moved
 
     # -------------------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, *, epoch_done: bool, is_best: bool = False) -> None:
@@ -689,9 +702,25 @@ class Trainer:
                            f"{self.step})")
         return str(found.path)
 
+    def _monitor_as_saved(self, saved: dict[str, Any]) -> None:
+        """A run whose monitor was left to its default goes on with the metric it began with:
+        its best value is in that metric's units. A checkpoint that names none was written
+        before the monitor was saved, when a multi-series split defaulted to `val_rmse`."""
+        if self.config.monitor:
+            return
+        split = self.split
+        before = default_monitor(split.task, split.validation is not None,
+                                 split.vocabulary is not None)
+        monitor = saved.get("monitor", before)
+        if monitor != self.monitor:
+            dd.rank_zero_print(f"monitor: {monitor}, as the run began (today's default for "
+                               f"this data is {self.monitor})")
+            self.monitor = self.early.monitor = monitor
+
     def _restore(self, found: resume.Found) -> None:
         state, trainer = found.state, found.state["trainer"]
         self.learner.load_checkpoint(state["learner"], found.path)
+        self._monitor_as_saved(state["early_stopping"])
         self.early.load_state_dict(state["early_stopping"])
         self.history = list(state["history"])
         self.step = trainer["step"]

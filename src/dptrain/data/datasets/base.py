@@ -51,6 +51,10 @@ class ArrayDataset(torch.utils.data.Dataset):
         """Called before each epoch; datasets whose samples depend on it (augmentation draws)
         override it. Plain arrays are the same every epoch."""
 
+    def series_of(self, indices: torch.Tensor) -> torch.Tensor | None:
+        """The series samples `indices` belong to (`Batch.series`); None: not time series."""
+        return None
+
     def __repr__(self) -> str:
         return (f"ArrayDataset(x={tuple(self.x.shape)} {self.x.dtype}, "
                 f"y={tuple(self.y.shape)} {self.y.dtype})")
@@ -61,11 +65,15 @@ class Batch(tuple):
     dataset could not read and said so with a `Skipped`, e.g. under `--bad-images skip`)."""
 
     skipped: tuple[str, ...] = ()
+    series: torch.Tensor | None = None
+    """(B,) int64: the series each sample's window comes from, for the learner's per-series
+    metrics (windows of several time series, `WindowDataset.series_of`); None otherwise."""
 
     def pin_memory(self) -> Batch:
-        """Page-locked copies (DataLoader's pin_memory calls this), `skipped` kept."""
+        """Page-locked copies (DataLoader's pin_memory calls this), `skipped` and `series`
+        kept."""
         pinned = Batch(t.pin_memory() for t in self)
-        pinned.skipped = self.skipped
+        pinned.skipped, pinned.series = self.skipped, self.series
         return pinned
 
 

@@ -159,6 +159,11 @@ class WindowDataset(ArrayDataset):
     def __len__(self) -> int:
         return len(self.start)
 
+    def series_of(self, indices: torch.Tensor) -> torch.Tensor | None:
+        """The series of windows `indices`, when there are several series: a learner's
+        per-series validation metrics (`dptrain.learners.series_metrics`) need them."""
+        return self.series[indices] if self.inputs.shape[0] > 1 else None
+
     def __getitem__(self, idx):
         series, start = self.series[idx], self.start[idx]  # () or (B,)
         rows = series[..., None]
