@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests._cli import PYTHON, dptrain_cmd, run
-from tests._netns import Host, Hosts, three_hosts  # noqa: F401 - fixture
+from tests._netns import Host, three_hosts  # noqa: F401 - fixture
 from tests.e2e.test_elastic import GATED_DATA, Job, _world_sizes_of_the_checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -39,6 +39,9 @@ TRAIN = ["train", "--model", "tagi-mlp", "--hidden", "16", "--epochs", str(EPOCH
 QUICK = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
 """Quick to notice a lost node (3 missed 1 s heartbeats) and to start without it."""
 DEADLINE_S = 200
+LOST_A_PEER = re.compile(r"rank \d lost (a peer|rank\(s\) \d) at step \d+ \(exit code 5\); "
+                         r"restarting every worker \(3 restart\(s\) left\)")
+"""A survivor's agent, on the loss of a (its first restart)."""
 
 
 def _gated_dataset(tmp_path: Path) -> tuple[str, Path, Path]:
@@ -49,8 +52,7 @@ def _gated_dataset(tmp_path: Path) -> tuple[str, Path, Path]:
     return f"{data}:load", gate, pace
 
 
-def _job(tmp_path: Path, backend: list[str], rdzv_id: str) -> Job:
-    dataset, gate, _ = _gated_dataset(tmp_path)
+def _job(tmp_path: Path, dataset: str, gate: Path, backend: list[str], rdzv_id: str) -> Job:
     out, logs = tmp_path / "shared", tmp_path / "logs"
     logs.mkdir()
     job = Job(out, gate, logs, [
@@ -93,7 +95,7 @@ def _reference(tmp_path: Path, dataset: str, stretches: list[tuple[int, int]]) -
         last = i == len(stretches) - 1
         cmd = dptrain_cmd(*TRAIN, "--dataset", dataset, "--nproc", str(world), "--out", str(out),
                           *([] if last else ["--fail-at", f"0:{step + 1}"]))
-        done = run(cmd, timeout_s=120)
+        done = run(cmd, timeout_s=60)
         assert done.returncode == (0 if last else 1), done.output
     return json.loads((out / "summary.json").read_text())["params_sha256"]
 
@@ -109,33 +111,34 @@ def test_with_etcd_three_hosts_lose_the_first_and_take_it_back_resuming_exactly(
         Member(f"m-{host.ns[-1]}", host.address, 2379, 2380, tmp_path / "etcd" / host.ns[-1],
                prefix=tuple(host.cmd())) for host in (a, b, c)])
     assert cluster.endpoint.startswith(f"{a.address}:")  # the member named first: a's
-    job = _job(tmp_path, ["--rdzv-backend", "etcd", "--rdzv-endpoint", cluster.endpoint],
-               "three-hosts")
-    gate = job.gate
+    dataset, gate, _ = _gated_dataset(tmp_path)
+    job = _job(tmp_path, dataset, gate,
+               ["--rdzv-backend", "etcd", "--rdzv-endpoint", cluster.endpoint], "three-hosts")
     gate.touch()
     started = time.monotonic()
     with cluster:
         try:
             job.start(a)
             node_b, node_c = job.start(b), job.start(c)
-            job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) == 1)
+            # (A node that starts late, past the last call, joins a world of 2 at once.)
+            job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) >= 1)
             job.train_until_a_new_checkpoint()
 
             _lose(a)
             cluster.members[0].proc.wait(timeout=10)
-            lost_at = time.monotonic()
+            lost_at, on_2, on_3 = time.monotonic(), job.started_at(2), job.started_at(3)
             gate.unlink()  # b's and c's workers go on to the step's all-reduce: a is gone
             job.wait_for("b and c to restart their workers", lambda: all(
-                "restarting every worker" in n.output() for n in (node_b, node_c)))
+                LOST_A_PEER.search(n.output()) for n in (node_b, node_c)))
             gate.touch()
-            job.wait_for("b and c on a world of 2", lambda: job.started_at(2) == 1)
+            job.wait_for("b and c on a world of 2", lambda: job.started_at(2) > on_2)
             regrouped_s = time.monotonic() - lost_at
             job.train_until_a_new_checkpoint()
 
             a.set_link(up=True)  # a comes back: its etcd member rejoins, then its node
             cluster.restart(0)
             node_a = job.start(a)
-            job.wait_for("the workers on 3 nodes again", lambda: job.started_at(3) == 2)
+            job.wait_for("the workers on 3 nodes again", lambda: job.started_at(3) > on_3)
             job.train_until_a_new_checkpoint()
 
             gate.unlink()
@@ -154,8 +157,7 @@ def test_with_etcd_three_hosts_lose_the_first_and_take_it_back_resuming_exactly(
     text = job.text()
     assert "Traceback" not in text, text
     for node in (node_b, node_c):  # lost a, then took it in again without a restart's cost
-        assert re.search(r"rank \d lost (a peer|rank\(s\) \d) at step \d+ \(exit code 5\); "
-                         r"restarting every worker \(3 restart\(s\) left\)", node.output()), text
+        assert LOST_A_PEER.search(node.output()), text
         assert "node(s) waiting to join the job; restarting every worker to take them in" in \
             node.output(), text
     stretches = _resizes(job.out)
@@ -163,8 +165,7 @@ def test_with_etcd_three_hosts_lose_the_first_and_take_it_back_resuming_exactly(
         job.out)
     summary = json.loads((job.out / "summary.json").read_text())
     assert summary["world_size"] == 3 and summary["final_epoch"] == EPOCHS
-    assert summary["params_sha256"] == _reference(tmp_path, job.argv[job.argv.index(
-        "--dataset") + 1], stretches), stretches
+    assert summary["params_sha256"] == _reference(tmp_path, dataset, stretches), stretches
     print(f"three hosts, etcd: resized at {stretches}; b and c on a world of 2 "
           f"{regrouped_s:.1f} s after a was lost; the job took {took:.0f} s")
 
@@ -176,13 +177,13 @@ def test_under_c10d_losing_the_rendezvous_host_ends_the_job_in_one_line(
     the way out (the agent's C++ store warnings, a stack trace each, kept quiet)."""
     a, b, c = three_hosts.hosts
     endpoint = f"{a.name}:29451"
-    job = _job(tmp_path, ["--rdzv-endpoint", endpoint], "three-hosts-c10d")
-    gate = job.gate
+    dataset, gate, _ = _gated_dataset(tmp_path)
+    job = _job(tmp_path, dataset, gate, ["--rdzv-endpoint", endpoint], "three-hosts-c10d")
     gate.touch()
     try:
         job.start(a)
         node_b, node_c = job.start(b), job.start(c)
-        job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) == 1)
+        job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) >= 1)
         job.train_until_a_new_checkpoint()
         _lose(a)
         gate.unlink()
