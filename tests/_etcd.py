@@ -11,6 +11,7 @@ test` installs both: the etcd-server package and the `etcd` extra).
     with cluster:                         # started, healthy; stopped on the way out
         cluster.endpoint                  # "127.0.0.1:40011,127.0.0.2:40013,127.0.0.3:40015"
         cluster.kill(0)                   # SIGKILL the first member
+        cluster.restart(0)                # and start it again: it rejoins
 """
 
 from __future__ import annotations
@@ -125,21 +126,36 @@ class EtcdCluster:
         return ",".join(f"{m.address}:{m.client_port}" for m in self.members)
 
     def start(self, timeout_s: float = START_S) -> None:
-        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        token = f"dptrain-test-{uuid.uuid4().hex[:8]}"  # a cluster never meets another's
+        self._initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        self._token = f"dptrain-test-{uuid.uuid4().hex[:8]}"  # a cluster never meets another's
         for m in self.members:
             m.data_dir.mkdir(parents=True, exist_ok=True)
-            with open(m.data_dir.parent / f"{m.name}.log", "w") as log:
-                m.proc = subprocess.Popen(m.argv(initial, token, self.v2), stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            self._launch(m, "w")
+        self._wait_until_healthy(self.members, timeout_s)
+
+    def _launch(self, m: Member, log_mode: str) -> None:
+        with open(m.data_dir.parent / f"{m.name}.log", log_mode) as log:
+            m.proc = subprocess.Popen(m.argv(self._initial, self._token, self.v2), stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _wait_until_healthy(self, members: list[Member], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while not all(self._healthy(m) for m in self.members):
-            dead = [m.name for m in self.members if m.proc.poll() is not None]
+        while not all(self._healthy(m) for m in members):
+            dead = [m.name for m in members if m.proc.poll() is not None]
             if dead or time.monotonic() > deadline:
                 self.stop()
                 why = f"{', '.join(dead)} exited" if dead else f"no leader after {timeout_s}s"
                 raise RuntimeError(f"etcd cluster did not start: {why}\n{self.logs()}")
             time.sleep(0.1)
+
+    def restart(self, index: int, timeout_s: float = START_S) -> None:
+        """Start a member that was killed again, on its data directory: it rejoins the
+        cluster as the member it was (etcd finds its membership there and ignores the
+        initial-cluster flags), and catches up from the leader."""
+        m = self.members[index]
+        assert m.proc is not None and m.proc.poll() is not None, f"{m.name} still runs"
+        self._launch(m, "a")
+        self._wait_until_healthy([m], timeout_s)
 
     @staticmethod
     def _healthy(m: Member) -> bool:

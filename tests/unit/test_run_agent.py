@@ -8,16 +8,20 @@ The workers are tiny `python -c` scripts (no torch import), so each test costs a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from torch.distributed import DistNetworkError, TCPStore
 from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
@@ -26,8 +30,8 @@ from torch.distributed.elastic.rendezvous import RendezvousClosedError, Rendezvo
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 from dptrain.cli import job_end
-from dptrain.cli.agent import EXPECTED_EXIT_CODES, agent_class, expected_error, \
-    replace_unreadable_error_file, root_cause, unreadable_error_file
+from dptrain.cli.agent import EXPECTED_EXIT_CODES, _quiet_cpp_warnings, agent_class, \
+    expected_error, replace_unreadable_error_file, root_cause, unreadable_error_file
 from dptrain.cli.run import _rendezvous_failed, _wait_for_the_rendezvous
 from dptrain.errors import ConfigError
 
@@ -249,11 +253,55 @@ def test_a_node_that_finds_the_rendezvous_closed_says_why_in_one_line(tmp_path, 
     lost = RendezvousConnectionError("The connection to the C10d store has failed.")
     assert _rendezvous_failed(lost, "train", "head:29400", record) == 1
     assert "(failed: rank 1 failed (exit code 3); " in capsys.readouterr().err
-    record.write_text("{")  # not a record: what torch said
-    assert _rendezvous_failed(lost, "train", "head:29400", record) == 1
+    record.write_text("{")  # not a record: under c10d its host is lost, and the job with it
+    try:
+        raise lost from DistNetworkError("Failed to recv, got 0 bytes.\nException raised...")
+    except RendezvousConnectionError as raised:
+        assert _rendezvous_failed(raised, "train", "head:29400", record) == 1
+    assert capsys.readouterr().err == (
+        "dptrain train: lost the rendezvous host head:29400 (DistNetworkError: Failed to recv, "
+        "got 0 bytes.): it served the job's c10d rendezvous, and the job cannot go on without "
+        "it; to survive the loss of any node, keep the rendezvous in an etcd cluster with "
+        "--rdzv-backend etcd (docs/howto/multi_node.md, The rendezvous in etcd)\n")
+    # etcd: what torch said (no member of the cluster answers)
+    assert _rendezvous_failed(lost, "train", "h1:2379,h2:2379", record, "etcd") == 1
     assert capsys.readouterr().err.startswith(
-        "dptrain train: the rendezvous at head:29400 failed: RendezvousConnectionError: The "
-        "connection to the C10d store has failed.")
+        "dptrain train: the rendezvous at h1:2379,h2:2379 failed: RendezvousConnectionError: "
+        "The connection to the C10d store has failed.")
+
+
+STORE_SERVER = """
+import sys, time
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_agent_keeps_quiet_the_store_client_s_cpp_traces(capfd, monkeypatch):
+    """A c10d store whose host died: each request the agent's client makes logs a C++ warning
+    with its stack trace (several lines a request, several requests when the rendezvous host
+    is lost), which the launcher reports in one line instead. The agent runs without them,
+    the Python error unchanged; outside it, they are back."""
+    for asked_for_logs in ("LOGLEVEL", "TORCH_CPP_LOG_LEVEL"):
+        monkeypatch.delenv(asked_for_logs, raising=False)
+    with subprocess.Popen([sys.executable, "-c", STORE_SERVER], stdout=subprocess.PIPE,
+                          text=True) as server:
+        try:
+            port = int(server.stdout.readline())
+            client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+            client.set("k", "v")
+        finally:
+            server.kill()
+    capfd.readouterr()
+    for quiet in (True, False):
+        with _quiet_cpp_warnings() if quiet else contextlib.nullcontext():
+            with pytest.raises(DistNetworkError):
+                client.compare_set("k", "v", "w")
+        err = capfd.readouterr().err
+        assert ("TCPStore.cpp" in err) != quiet, err
 
 
 @pytest.mark.timeout(60)

@@ -4,6 +4,8 @@ and how a failed job is summed up in one line (`root_cause`, `failure_summary`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import glob
 import json
 import logging
 import os
@@ -407,10 +409,44 @@ def _our_agent(command: str, end_record: Path | None = None) -> Iterator[None]:
                 quieted.append((logger, logger.level))
                 logger.setLevel(logging.CRITICAL)
     try:
-        yield
+        with _quiet_cpp_warnings():
+            yield
     finally:
         launcher_api.LocalElasticAgent = original
         for logger, level in quieted:
             logger.setLevel(level)
+
+
+CPP_ERROR_LEVEL = 2
+"""c10's log level for errors (0 info, 1 warning, 2 error, 3 fatal)."""
+
+
+def _c10_log_level() -> ctypes.c_int | None:
+    """c10's log level flag in the torch this process loaded, or None where it is not found
+    (a torch built otherwise)."""
+    import torch
+
+    for path in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.*")):
+        with contextlib.suppress(OSError, ValueError):
+            return ctypes.c_int.in_dll(ctypes.CDLL(path), "FLAGS_caffe2_log_level")
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_cpp_warnings() -> Iterator[None]:
+    """torch's C++ warnings off in the agent's process, unless the user asked for logs
+    (LOGLEVEL, TORCH_CPP_LOG_LEVEL). Its c10d store client logs each failed request with a
+    C++ stack trace, several when the rendezvous host is lost, which the launcher reports in
+    one line. torch reads TORCH_CPP_LOG_LEVEL once, when it loads: the flag it sets is
+    changed in place. The workers are processes of their own and keep their warnings."""
+    flag = None if {"LOGLEVEL", "TORCH_CPP_LOG_LEVEL"} & os.environ.keys() else _c10_log_level()
+    if flag is None or flag.value >= CPP_ERROR_LEVEL:
+        yield
+        return
+    before, flag.value = flag.value, CPP_ERROR_LEVEL
+    try:
+        yield
+    finally:
+        flag.value = before
 
 

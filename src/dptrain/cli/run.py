@@ -257,7 +257,7 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
         with _our_agent(command, end_record):
             run(get_args_parser().parse_args(argv))
     except RendezvousError as err:
-        return _rendezvous_failed(err, command, rdzv_endpoint, end_record)
+        return _rendezvous_failed(err, command, rdzv_endpoint, end_record, rdzv_backend)
     except ChildFailedError as err:
         rank, failure = root_cause(err.failures)
         text = expected_error(failure)
@@ -309,12 +309,19 @@ def _wait_for_the_rendezvous(command: str, rdzv_endpoint: str, timeout_s: int,
     return job_end.report(command, end_record)
 
 
+ETCD_DOCS = "docs/howto/multi_node.md, The rendezvous in etcd"
+"""Where the docs say how to keep the rendezvous in etcd (named in the lost-host line)."""
+
+
 def _rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
-                       end_record: Path | None) -> int:
+                       end_record: Path | None, backend: str = "c10d") -> int:
     """One line for a rendezvous that closed or failed under this node (torch's own is a
-    traceback): the job's end record when there is one (the job ended: 0 if it succeeded),
-    else what torch said. torch's agent has stopped any workers it had started."""
-    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+    traceback): the job's end record when there is one (the job ended: 0 if it succeeded);
+    under c10d, a store that no longer answers as the loss of the host the endpoint names,
+    with the backend that survives it; else what torch said. torch's agent has stopped any
+    workers it had started."""
+    from torch.distributed.elastic.rendezvous import (RendezvousClosedError,
+                                                      RendezvousConnectionError)
 
     from dptrain.cli import job_end
 
@@ -328,6 +335,14 @@ def _rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
     cause = err.__cause__  # torch wraps the store's own error, which says more
     because = f" ({type(cause).__name__}: {str(cause).splitlines()[0]})" \
         if cause is not None and str(cause) else ""
+    if backend == "c10d" and isinstance(err, RendezvousConnectionError):
+        # The c10d store lives in the agent of the node the endpoint names: with no end
+        # record, that node is gone, and every other node's job with it.
+        print(f"dptrain {command}: lost the rendezvous host {rdzv_endpoint}{because}: it served "
+              f"the job's c10d rendezvous, and the job cannot go on without it; to survive the "
+              f"loss of any node, keep the rendezvous in an etcd cluster with --rdzv-backend "
+              f"etcd ({ETCD_DOCS})", file=sys.stderr)
+        return 1
     print(f"dptrain {command}: the rendezvous at {rdzv_endpoint} failed: "
           f"{type(err).__name__}: {err}{because}", file=sys.stderr)
     return 1
