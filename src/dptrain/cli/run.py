@@ -9,8 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from dptrain.runtime.launch import (DEFAULT_RDZV_ID, ETCD_HANDLER, NodeRange, etcd_members,
-                                    rendezvous_settings)
+from dptrain.runtime.launch import (DEFAULT_RDZV_ID, ETCD_HANDLER, LOST_NODE_SETTINGS,
+                                    NodeRange, etcd_members, rendezvous_settings)
 from dptrain.runtime.threads import ThreadShare, env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError
 
@@ -143,11 +143,12 @@ def rendezvous_host(rdzv_endpoint: str | None) -> str:
 
 
 def rendezvous_conf(user_conf: str, timeout_s: float | None = None,
-                    backend: str = "c10d") -> dict[str, str]:
-    """torch's dynamic rendezvous settings: `timeout_s` (dptrain train's --timeout) as the time
+                    backend: str = "c10d", dynamic: bool = True) -> dict[str, str]:
+    """torch's dynamic rendezvous settings: dptrain's for noticing a lost node in seconds
+    (`LOST_NODE_SETTINGS`, when `dynamic`), `timeout_s` (dptrain train's --timeout) as the time
     to wait for the first MIN nodes (join_timeout) and for the store's host (read_timeout), then
     the user's `KEY=VALUE,...`, which win."""
-    conf = {}
+    conf = dict(LOST_NODE_SETTINGS[backend]) if dynamic else {}
     if timeout_s is not None:
         seconds = str(max(1, math.ceil(timeout_s)))  # torch reads whole seconds
         conf.update(join_timeout=seconds, read_timeout=seconds)
@@ -347,7 +348,10 @@ def use_threads(threads: int) -> None:
 def run_command(args: argparse.Namespace) -> int:
     if args.threads:
         use_threads(args.threads)
+    max_nodes = NodeRange.parse(args.nnodes).max_nodes
+    dynamic = args.node_rank is None and (max_nodes > 1 or args.rdzv_backend == "etcd")
     return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
-                  max_nodes=NodeRange.parse(args.nnodes).max_nodes,
-                  rdzv_conf=rendezvous_conf(args.rdzv_conf, backend=args.rdzv_backend),
+                  max_nodes=max_nodes,
+                  rdzv_conf=rendezvous_conf(args.rdzv_conf, backend=args.rdzv_backend,
+                                            dynamic=dynamic),
                   rdzv_backend=args.rdzv_backend)
