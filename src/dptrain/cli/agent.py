@@ -196,7 +196,11 @@ class DptrainAgent(LocalElasticAgent):
     restarts being the attempt number). A node that ends the job (no restart left, or an
     expected error) says why under `STOP_KEY`, and the other nodes end too, with that line,
     instead of waiting for a timeout. Every agent also agrees on one run label (the first
-    agent's clock) for the run directory of a job without --out (`RUN_LABEL_ENV`)."""
+    agent's clock) for the run directory of a job without --out (`RUN_LABEL_ENV`).
+
+    With a dynamic rendezvous (c10d, etcd) the agent also restarts its workers when a node of
+    its round is dropped from the rendezvous for missing heartbeats (`_lost_node`): a node cut
+    off the network is noticed in seconds, not after the collectives' --timeout."""
 
     command = "run"
     """The dptrain command whose workers this agent runs (named in its lines)."""

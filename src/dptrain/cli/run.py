@@ -43,7 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rdzv-id", default=DEFAULT_RDZV_ID,
                    help="job id shared by all nodes (with etcd: each job its own)")
     p.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
-                   help="settings of torch's dynamic rendezvous (e.g. last_call_timeout=30); "
+                   help="settings of torch's dynamic rendezvous (dptrain's defaults: "
+                        "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5; "
+                        "with etcd torch's keep-alive, 5 x 3 s); "
                         "with etcd also protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= "
                         "(or cacert=, cert=, key=)")
     p.add_argument("--max-restarts", type=int, default=0,

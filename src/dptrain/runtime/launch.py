@@ -155,10 +155,11 @@ class LaunchConfig:
     its id (a node that comes later exits), so a new job needs another. With etcd it is what
     tells the jobs on the cluster apart: give each job its own."""
     rdzv_conf: str = field(default="", metadata=resumable(metavar="KEY=VALUE,..."))
-    """Settings of torch's dynamic rendezvous, e.g. last_call_timeout=30 (seconds it waits for
-    more nodes once MIN are in), keep_alive_interval=5 and keep_alive_max_attempt=3 (a node
-    silent for 3 x 5 s is dropped); join_timeout is --timeout. With etcd also its TLS:
-    protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= (or cacert=, cert=, key=)."""
+    """Settings of torch's dynamic rendezvous: last_call_timeout (seconds it waits for more
+    nodes once MIN are in; dptrain: 2), keep_alive_interval and keep_alive_max_attempt (a node
+    whose agent is silent for their product is dropped and the others go on without it;
+    dptrain: 1 x 5 s, with etcd torch's 5 x 3 s); join_timeout is --timeout. With etcd also its
+    TLS: protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= (or cacert=, cert=, key=)."""
     threads: int = field(default=0, metadata=resumable())
     """Intra-op threads per process; 0: OMP_NUM_THREADS if set, else each process's share of
     the cores it may use (docs/design.md, Threads per rank)."""
@@ -167,7 +168,9 @@ class LaunchConfig:
     that joins an elastic job costs none); each restart resumes from the newest checkpoint."""
     timeout: float = field(default=300.0, metadata=resumable())
     """Seconds a collective (or the start-up rendezvous) waits for a missing rank before every
-    rank fails with an error naming the operation."""
+    rank fails with an error naming the operation: as long as a rank may stall (a straggler, a
+    long checkpoint write). A lost node of an elastic job is noticed sooner, by its agent's
+    missing heartbeats (rdzv-conf)."""
 
     def __post_init__(self) -> None:
         check_at_least(self, ("nproc",), 1)
