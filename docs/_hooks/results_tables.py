@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import statistics
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,11 +257,39 @@ def tagi_attention_vs_cutagi() -> str:
                    f"{result['speedup']:.2f}x ({target(2, result['target_met'])}) |"])
 
 
+LOST_NODE_CASES = {"kill": "killed (SIGKILL of its agent and rank)",
+                   "partition": "cut off the network (its link down)"}
+LOST_NODE_PHASES = ("detected", "rendezvous", "started", "resumed", "next_step")
+
+
+def lost_node_seconds(record: dict, case: str) -> str:
+    """A case's figure: the median seconds to the next step (the slowest in brackets), or what
+    the bench waited without one."""
+    summary = record["summary"][case]
+    if summary["median_s"] is None:
+        return f"none within {record['cap_s']:g} s"
+    return f"{summary['median_s']:.1f} s (max {summary['max_s']:.1f})"
+
+
+def lost_node() -> str:
+    before, after = load("lost_node.before.json"), load("lost_node.json")
+    rows = []
+    for case, label in LOST_NODE_CASES.items():
+        runs = [r["marks_s"] for r in after["runs"] if r["case"] == case and r["recovered"]]
+        marks = " / ".join(f"{statistics.median(r[p] for r in runs):.1f}"
+                           for p in LOST_NODE_PHASES)
+        rows.append(f"| {label} | {lost_node_seconds(before, case)} | "
+                    f"{lost_node_seconds(after, case)} | {marks} |")
+    return _lines("| the node, lost | torch's rendezvous defaults | dptrain's | noticed / new "
+                  "round / workers up / resumed / next step (s, median) |",
+                  "|---|---:|---:|---:|", rows)
+
+
 TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, tagi_vs_pytagi_cnn,
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
                                   tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt,
-                                  tagi_gpt, tagi_attention_vs_cutagi)}
+                                  tagi_gpt, tagi_attention_vs_cutagi, lost_node)}
 
 
 def render(name: str) -> str:

@@ -68,11 +68,18 @@ def test_rendezvous_argv_static_dynamic_standalone():
 
 def test_the_rendezvous_waits_as_long_as_timeout_unless_told_otherwise():
     """--timeout bounds the start-up rendezvous: torch's join and store timeouts (whole
-    seconds); --rdzv-conf wins."""
-    assert rendezvous_conf("", 2.5) == {"join_timeout": "3", "read_timeout": "3"}
+    seconds); a dynamic rendezvous drops a node silent for 5 s and waits 2 s for more nodes
+    (c10d; etcd keeps torch's heartbeats); --rdzv-conf wins."""
+    quick = {"keep_alive_interval": "1", "keep_alive_max_attempt": "5",
+             "last_call_timeout": "2"}
+    assert rendezvous_conf("", 2.5) == {**quick, "join_timeout": "3", "read_timeout": "3"}
     assert rendezvous_conf("last_call_timeout=5, join_timeout=60", 300) == {
-        "join_timeout": "60", "read_timeout": "300", "last_call_timeout": "5"}
-    assert rendezvous_conf("") == {}
+        **quick, "join_timeout": "60", "read_timeout": "300", "last_call_timeout": "5"}
+    assert rendezvous_conf("") == quick
+    assert rendezvous_conf("keep_alive_interval=3", dynamic=False) == {
+        "keep_alive_interval": "3"}
+    assert rendezvous_conf("", 30, "etcd") == {"last_call_timeout": "2", "join_timeout": "30",
+                                               "read_timeout": "30"}
 
 
 def test_every_world_size_of_an_elastic_job_must_split_the_batch():
@@ -133,6 +140,7 @@ def test_etcd_tls_settings_take_torch_names_whichever_spelling(tmp_path):
     legacy = rendezvous_conf(f"protocol=HTTPS,cacert={ca},cert={cert},key={key}", 30, "etcd")
     torch_names = rendezvous_conf(f"protocol=https,ca_cert={ca},ssl_cert={cert},"
                                   f"ssl_cert_key={key}", 30, "etcd")
-    assert legacy == torch_names == {"join_timeout": "30", "read_timeout": "30",
+    assert legacy == torch_names == {"last_call_timeout": "2", "join_timeout": "30",
+                                     "read_timeout": "30",
                                      "protocol": "https", "ca_cert": ca, "ssl_cert": cert,
                                      "ssl_cert_key": key}

@@ -21,6 +21,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from dptrain.cli import job_end
+from dptrain.cli.round_watch import RoundWatch
 from dptrain.runtime.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
 from dptrain.errors import (AfterTrainingFailed, CheckpointError, ConfigError, DataError,
                             NonFiniteLoss, TrainingCollapsed)
@@ -197,7 +198,11 @@ class DptrainAgent(LocalElasticAgent):
     restarts being the attempt number). A node that ends the job (no restart left, or an
     expected error) says why under `STOP_KEY`, and the other nodes end too, with that line,
     instead of waiting for a timeout. Every agent also agrees on one run label (the first
-    agent's clock) for the run directory of a job without --out (`RUN_LABEL_ENV`)."""
+    agent's clock) for the run directory of a job without --out (`RUN_LABEL_ENV`).
+
+    With a dynamic rendezvous (c10d, etcd) the agent also restarts its workers when a node of
+    its round is dropped from the rendezvous for missing heartbeats (`_lost_node`): a node cut
+    off the network is noticed in seconds, not after the collectives' --timeout."""
 
     command = "run"
     """The dptrain command whose workers this agent runs (named in its lines)."""
@@ -212,6 +217,8 @@ class DptrainAgent(LocalElasticAgent):
     _next_look = 0.0
     _newer: tuple[int, float] | None = None
     """(attempt, when seen) of another node's restart, while this node's workers run."""
+    _round: RoundWatch | None = None
+    """The nodes of this agent's round of a dynamic rendezvous (see `_lost_node`)."""
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         """torch's run; for an elastic job its end is recorded before torch's launcher closes
@@ -257,9 +264,28 @@ class DptrainAgent(LocalElasticAgent):
             else:
                 self._tell_the_other_nodes(f"{failure_summary(result.failures)} with no "
                                            f"restart left")
-        elif result.state == WorkerState.HEALTHY and self._join_newer_attempt():
+        elif result.state == WorkerState.HEALTHY and (self._join_newer_attempt() or
+                                                      self._lost_node()):
             return RunResult(state=WorkerState.UNHEALTHY)
         return result
+
+    def _lost_node(self) -> bool:
+        """Dynamic rendezvous, workers running: True when a node of this round is gone from
+        it (`RoundWatch`: dropped after its agent's heartbeats stopped), said in one line; the
+        workers are restarted on the nodes left, as after a failed worker, and it counts as a
+        restart. Without a restart left the job stops (JobStopped). A node cut off the network
+        is noticed here, within seconds; its peers' collectives would wait for --timeout."""
+        gone = self._round.gone() if self._round is not None else []
+        if not gone:
+            return False
+        group, nodes = self._worker_group.group_rank, ", ".join(gone)
+        why = f"node(s) {nodes} gone from the rendezvous (no heartbeat for " \
+              f"{self._round.silence_s:g} s, or restarting)"
+        if self._remaining_restarts <= 0:
+            raise JobStopped(f"node {group}: {why} and this node has no restart left; stopping")
+        print(f"dptrain {self.command}: node {group}: {why}; restarting every worker "
+              f"({self._remaining_restarts} restart(s) left)", file=sys.stderr, flush=True)
+        return True
 
     # -- the other nodes of a static rendezvous ---------------------------------------
     def _rendezvous(self, worker_group):
@@ -269,6 +295,7 @@ class DptrainAgent(LocalElasticAgent):
             if worker_group.spec.rdzv_handler.get_backend() == "static":
                 self._agree_on_the_attempt(worker_group)
             self._agree_on_the_label()
+            self._round = RoundWatch(worker_group.spec.rdzv_handler)
         except RuntimeError as err:  # torch's store errors (DistError) among them
             if not restarting:
                 raise

@@ -9,8 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from dptrain.runtime.launch import (DEFAULT_RDZV_ID, ETCD_HANDLER, NodeRange, etcd_members,
-                                    rendezvous_settings)
+from dptrain.runtime.launch import (DEFAULT_RDZV_ID, ETCD_HANDLER, LOST_NODE_SETTINGS,
+                                    NodeRange, etcd_members, rendezvous_settings)
 from dptrain.runtime.threads import ThreadShare, env_threads, oversubscribed, this_process_share
 from dptrain.errors import ConfigError
 
@@ -43,7 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rdzv-id", default=DEFAULT_RDZV_ID,
                    help="job id shared by all nodes (with etcd: each job its own)")
     p.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
-                   help="settings of torch's dynamic rendezvous (e.g. last_call_timeout=30); "
+                   help="settings of torch's dynamic rendezvous (dptrain's defaults: "
+                        "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5; "
+                        "with etcd torch's keep-alive, 5 x 3 s); "
                         "with etcd also protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= "
                         "(or cacert=, cert=, key=)")
     p.add_argument("--max-restarts", type=int, default=0,
@@ -143,11 +145,12 @@ def rendezvous_host(rdzv_endpoint: str | None) -> str:
 
 
 def rendezvous_conf(user_conf: str, timeout_s: float | None = None,
-                    backend: str = "c10d") -> dict[str, str]:
-    """torch's dynamic rendezvous settings: `timeout_s` (dptrain train's --timeout) as the time
+                    backend: str = "c10d", dynamic: bool = True) -> dict[str, str]:
+    """torch's dynamic rendezvous settings: dptrain's for noticing a lost node in seconds
+    (`LOST_NODE_SETTINGS`, when `dynamic`), `timeout_s` (dptrain train's --timeout) as the time
     to wait for the first MIN nodes (join_timeout) and for the store's host (read_timeout), then
     the user's `KEY=VALUE,...`, which win."""
-    conf = {}
+    conf = dict(LOST_NODE_SETTINGS[backend]) if dynamic else {}
     if timeout_s is not None:
         seconds = str(max(1, math.ceil(timeout_s)))  # torch reads whole seconds
         conf.update(join_timeout=seconds, read_timeout=seconds)
@@ -362,7 +365,10 @@ def use_threads(threads: int) -> None:
 def run_command(args: argparse.Namespace) -> int:
     if args.threads:
         use_threads(args.threads)
+    max_nodes = NodeRange.parse(args.nnodes).max_nodes
+    dynamic = args.node_rank is None and (max_nodes > 1 or args.rdzv_backend == "etcd")
     return launch(torchrun_argv(args), resolved_nproc(args), rdzv_endpoint=args.rdzv_endpoint,
-                  max_nodes=NodeRange.parse(args.nnodes).max_nodes,
-                  rdzv_conf=rendezvous_conf(args.rdzv_conf, backend=args.rdzv_backend),
+                  max_nodes=max_nodes,
+                  rdzv_conf=rendezvous_conf(args.rdzv_conf, backend=args.rdzv_backend,
+                                            dynamic=dynamic),
                   rdzv_backend=args.rdzv_backend)

@@ -47,6 +47,26 @@ RENDEZVOUS_SETTINGS = ("join_timeout", "last_call_timeout", "close_timeout",
 """The settings torch's c10d rendezvous reads (torch/distributed/elastic/rendezvous/
 dynamic_rendezvous.py and c10d_rendezvous_backend.py); all integers (is_host: 0 or 1)."""
 
+LOST_NODE_SETTINGS = {
+    "c10d": {"keep_alive_interval": "1", "keep_alive_max_attempt": "5", "last_call_timeout": "2"},
+    "etcd": {"last_call_timeout": "2"},
+}
+"""dptrain's defaults for torch's dynamic rendezvous, which --rdzv-conf overrides: how soon a
+lost node is noticed and the job goes on without it (docs/howto/multi_node.md, A lost node).
+
+- keep_alive_interval=1, keep_alive_max_attempt=5 (torch: 5 and 3): every agent writes a
+  heartbeat each second, and a node silent for 5 s is dropped; the agents notice it and
+  restart their workers on the nodes left (dptrain.cli.round_watch). The heartbeats are the
+  agents', which do nothing else: a slow or stalled worker never misses one, so the window
+  only has to cover an agent's scheduling delays and the hosts' clock skew (each heartbeat
+  carries its writer's clock). With etcd torch's 5 x 3 s stays: a node whose request hangs on
+  a lost member waits up to 5 s before its client moves on to another (etcd_rendezvous), plus
+  an election when that member led the cluster.
+- last_call_timeout=2 (torch: 30): once MIN nodes are in a round, how long it waits for more.
+  After a loss the survivors arrive together and there is nobody else to wait for; at the
+  start, a node that comes later than that joins a moment after, the workers restarting once
+  to take it in (not counted as a restart)."""
+
 ETCD_SETTINGS = {"protocol": "protocol", "ca_cert": "ca_cert", "ssl_cert": "ssl_cert",
                  "ssl_cert_key": "ssl_cert_key",
                  "cacert": "ca_cert", "cert": "ssl_cert", "key": "ssl_cert_key"}
@@ -135,10 +155,11 @@ class LaunchConfig:
     its id (a node that comes later exits), so a new job needs another. With etcd it is what
     tells the jobs on the cluster apart: give each job its own."""
     rdzv_conf: str = field(default="", metadata=resumable(metavar="KEY=VALUE,..."))
-    """Settings of torch's dynamic rendezvous, e.g. last_call_timeout=30 (seconds it waits for
-    more nodes once MIN are in), keep_alive_interval=5 and keep_alive_max_attempt=3 (a node
-    silent for 3 x 5 s is dropped); join_timeout is --timeout. With etcd also its TLS:
-    protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= (or cacert=, cert=, key=)."""
+    """Settings of torch's dynamic rendezvous: last_call_timeout (seconds it waits for more
+    nodes once MIN are in; dptrain: 2), keep_alive_interval and keep_alive_max_attempt (a node
+    whose agent is silent for their product is dropped and the others go on without it;
+    dptrain: 1 x 5 s, with etcd torch's 5 x 3 s); join_timeout is --timeout. With etcd also its
+    TLS: protocol=https, ca_cert=, ssl_cert=, ssl_cert_key= (or cacert=, cert=, key=)."""
     threads: int = field(default=0, metadata=resumable())
     """Intra-op threads per process; 0: OMP_NUM_THREADS if set, else each process's share of
     the cores it may use (docs/design.md, Threads per rank)."""
@@ -147,7 +168,9 @@ class LaunchConfig:
     that joins an elastic job costs none); each restart resumes from the newest checkpoint."""
     timeout: float = field(default=300.0, metadata=resumable())
     """Seconds a collective (or the start-up rendezvous) waits for a missing rank before every
-    rank fails with an error naming the operation."""
+    rank fails with an error naming the operation: as long as a rank may stall (a straggler, a
+    long checkpoint write). A lost node of an elastic job is noticed sooner, by its agent's
+    missing heartbeats (rdzv-conf)."""
 
     def __post_init__(self) -> None:
         check_at_least(self, ("nproc",), 1)
