@@ -262,7 +262,7 @@ LOST_NODE_CASES = {"kill": "killed (SIGKILL of its agent and rank)",
 LOST_NODE_PHASES = ("detected", "rendezvous", "started", "resumed", "next_step")
 
 
-def lost_node_seconds(record: dict, case: str) -> str:
+def node_loss_seconds(record: dict, case: str) -> str:
     """A case's figure: the median seconds to the next step (the slowest in brackets), or what
     the bench waited without one."""
     summary = record["summary"][case]
@@ -271,15 +271,15 @@ def lost_node_seconds(record: dict, case: str) -> str:
     return f"{summary['median_s']:.1f} s (max {summary['max_s']:.1f})"
 
 
-def lost_node() -> str:
-    before, after = load("lost_node.before.json"), load("lost_node.json")
+def node_loss() -> str:
+    before, after = load("node_loss.before.json"), load("node_loss.json")
     rows = []
     for case, label in LOST_NODE_CASES.items():
         runs = [r["marks_s"] for r in after["runs"] if r["case"] == case and r["recovered"]]
         marks = " / ".join(f"{statistics.median(r[p] for r in runs):.1f}"
                            for p in LOST_NODE_PHASES)
-        rows.append(f"| {label} | {lost_node_seconds(before, case)} | "
-                    f"{lost_node_seconds(after, case)} | {marks} |")
+        rows.append(f"| {label} | {node_loss_seconds(before, case)} | "
+                    f"{node_loss_seconds(after, case)} | {marks} |")
     return _lines("| the node, lost | torch's rendezvous defaults | dptrain's | noticed / new "
                   "round / workers up / resumed / next step (s, median) |",
                   "|---|---:|---:|---:|", rows)
@@ -289,7 +289,7 @@ TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, t
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
                                   tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt,
-                                  tagi_gpt, tagi_attention_vs_cutagi, lost_node)}
+                                  tagi_gpt, tagi_attention_vs_cutagi, node_loss)}
 
 
 def render(name: str) -> str:

@@ -4,7 +4,7 @@ network namespaces, tests/_netns.py; one `dptrain train --nnodes 1:2 --nproc 1` 
 A node cut off the network closes no socket: the survivor's collective would wait for the
 process group's timeout (--timeout, 300 s here, the default). The survivor's agent sees the
 node's rendezvous heartbeats stop instead and restarts its worker alone within seconds
-(bench/lost_node.py times it: ~10 s on this machine). The heartbeats are the agents', not the
+(bench/node_loss.py times it: ~10 s on this machine). The heartbeats are the agents', not the
 workers': a rank that stalls for 20 s (longer than torch's own 15 s window, four times dptrain's
 5 s) makes the other wait in its collective, as a long checkpoint write would, and nothing is
 restarted.

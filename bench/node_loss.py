@@ -1,9 +1,9 @@
 """How long a lost node stalls an elastic job: from the node's death to the survivor's next
 training step, for a node killed outright and for a node cut off the network.
 
-    .venv/bin/python bench/lost_node.py                    # bench/results/lost_node.json
-    .venv/bin/python bench/lost_node.py --src OLD/src --label before --cap 120 \\
-        --output bench/results/lost_node.before.json       # another dptrain's source tree
+    .venv/bin/python bench/node_loss.py                    # bench/results/node_loss.json
+    .venv/bin/python bench/node_loss.py --src OLD/src --label before --cap 120 \\
+        --output bench/results/node_loss.before.json       # another dptrain's source tree
 
 Two hosts made of network namespaces (tests/_netns.py, needs root), one `dptrain train
 --nnodes 1:2 --nproc 1` on each, the rendezvous on host a: a tiny TAGI MLP whose training
@@ -53,7 +53,7 @@ from _machine import command_line, cpu_model  # noqa: E402
 
 from tests import _netns  # noqa: E402
 
-RESULTS = REPO / "bench" / "results" / "lost_node.json"
+RESULTS = REPO / "bench" / "results" / "node_loss.json"
 CASES = ("kill", "partition")
 PORT = 29471
 
@@ -211,7 +211,7 @@ def main() -> int:
     args = parser.parse_args()
     reason = _netns.unavailable_reason()
     if reason:
-        print(f"lost_node: {reason}", file=sys.stderr)
+        print(f"node_loss: {reason}", file=sys.stderr)
         return 1
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     runs = []
