@@ -469,9 +469,9 @@ def torch_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOpti
 def tagi_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptions
              ) -> Sequential:
     """A decoder-only TAGI transformer (docs/tagi.md, A TAGI GPT): Embedding, then per block
-    RMSNorm → causal MultiheadAttention with RoPE and RMSNorm → MLP (4x wide, ReLU), each in a
-    residual block, a final RMSNorm and a per-position head of the hierarchical softmax's
-    `num_outputs` for `options.vocab_size` tokens. No position embedding: RoPE places tokens.
+    RMSNorm → causal MultiheadAttention (RoPE, softmax weights) and RMSNorm → MLP (4x wide,
+    ReLU), each in a residual block, a final RMSNorm and a per-position head of the
+    hierarchical softmax's `num_outputs` for `options.vocab_size` tokens. No position embedding: RoPE places tokens.
     Widths, heads and blocks are torch-gpt's flags (`--width`, `--heads`, `--layers`)."""
     if options.vocab_size < 2:
         raise ConfigError(f"tagi-gpt needs the vocabulary's size (>= 2 tokens), got "
@@ -488,12 +488,15 @@ def tagi_gpt(input_shape: tuple[int, ...], num_outputs: int, options: ModelOptio
     layers: list[Any] = [Embedding(options.vocab_size, e)]
     for _ in range(options.layers):
         # scores scaled by 1/sqrt(head size), as a torch transformer's: cuTAGI's unscaled
-        # scores have variances in the hundreds at 16 features a head, Remax saturates, and
-        # the network learned less on tiny Shakespeare (docs/results.md, A TAGI GPT)
+        # scores have variances in the hundreds at 16 features a head, and the network
+        # learned less on tiny Shakespeare; weights by the softmax's moments, not Remax's,
+        # whose ReLU floors every negative score: with Remax the validation loss rose as it
+        # trained (docs/results.md, A TAGI GPT)
         layers.append(ResNetBlock(LayerBlock(
             RMSNorm(e), MultiheadAttention(e, heads, use_rope=True, max_seq_len=context,
                                            gain_weight=gw, gain_bias=gb,
-                                           score_scale=1 / math.sqrt(e // heads)))))
+                                           score_scale=1 / math.sqrt(e // heads),
+                                           weights="softmax"))))
         layers.append(ResNetBlock(LayerBlock(RMSNorm(e), linear(e, 4 * e), ReLU(),
                                              linear(4 * e, e))))
     return Sequential(*layers, RMSNorm(e), linear(e, num_outputs), dtype=options.dtype)

@@ -35,9 +35,11 @@ import torch.nn.functional as F
 from dptrain.tagi import _rng
 from dptrain.tagi.base import ParamLayer, init_scale
 from dptrain.tagi.remax import Remax
+from dptrain.tagi.softmax import masked_softmax_moments
 from dptrain.tagi.states import DeltaStates, HiddenStates
 
 Pair = tuple[torch.Tensor, torch.Tensor]
+ATTENTION_WEIGHTS = ("remax", "softmax")
 
 
 def split_qkv(mu_p: torch.Tensor, var_p: torch.Tensor, batch: int, steps: int, heads: int,
@@ -84,13 +86,18 @@ class MultiheadAttention(ParamLayer):
     `num_kv_heads` (default `num_heads`) must divide `num_heads`. `use_rope` rotates queries and
     keys by position (RoPE, base `rope_theta`, positions < `max_seq_len`; D must be even).
     `init_method` "Xavier" (default, cuTAGI's) or "He"; the gains scale only the variances.
+    `weights` turns scores into attention weights: "remax" (cuTAGI's: ReLU, then the ratio to
+    the row's sum) or "softmax" (dptrain's: the closed-form moments of the softmax over the
+    row, `masked_softmax_moments`; docs/tagi.md, Attention weights). `score_scale` c (dptrain's)
+    multiplies every score, as 1/sqrt(D) does in a torch transformer.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int | None = None,
                  bias: bool = True, gain_weight: float = 1.0, gain_bias: float = 1.0,
                  init_method: str = "Xavier", use_rope: bool = True,
                  rope_theta: float = 10000.0, max_seq_len: int = 2048, *,
-                 score_scale: float = 1.0, dtype: torch.dtype = torch.float32,
+                 score_scale: float = 1.0, weights: str = "remax",
+                 dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads),
@@ -117,6 +124,10 @@ class MultiheadAttention(ParamLayer):
         if not score_scale > 0:
             raise ValueError(f"MultiheadAttention: score_scale must be > 0, got {score_scale!r}")
         self.score_scale = float(score_scale)
+        if weights not in ATTENTION_WEIGHTS:
+            raise ValueError(f"MultiheadAttention: weights must be one of {ATTENTION_WEIGHTS}, "
+                             f"got {weights!r}")
+        self.weights = weights
         self.gain_weight, self.gain_bias, self.init_method = gain_weight, gain_bias, init_method
         super().__init__()
         self._remax = Remax()
@@ -232,12 +243,15 @@ class MultiheadAttention(ParamLayer):
         if self.score_scale != 1.0:
             mu_s, var_s = mu_s * self.score_scale, var_s * self.score_scale ** 2
         future = torch.ones(steps, steps, dtype=torch.bool, device=mu_x.device).triu_(1)
-        mu_s, var_s = mu_s.masked_fill(future, 0.0), var_s.masked_fill(future, 0.0)
-        mu_a, var_a, jcb = self._remax.moments(mu_s.reshape(-1, steps),
-                                               var_s.reshape(-1, steps))
-        # Remax floors every weight, the masked ones too: zeroed, no future value is read
-        mu_a, var_a, jcb = (t.view(mu_s.shape).masked_fill(future, 0.0)
-                            for t in (mu_a, var_a, jcb))
+        if self.weights == "softmax":
+            mu_a, var_a, jcb = masked_softmax_moments(mu_s, var_s, ~future)
+        else:
+            mu_s, var_s = mu_s.masked_fill(future, 0.0), var_s.masked_fill(future, 0.0)
+            mu_a, var_a, jcb = self._remax.moments(mu_s.reshape(-1, steps),
+                                                   var_s.reshape(-1, steps))
+            # Remax floors every weight, the masked ones too: zeroed, no future value is read
+            mu_a, var_a, jcb = (t.view(mu_s.shape).masked_fill(future, 0.0)
+                                for t in (mu_a, var_a, jcb))
         mu_o, var_o = _product_moments(mu_a, var_a, mu_v, var_v)  # (B, H, T, D)
         shape = mu_x.shape
         mu_o = mu_o.transpose(1, 2).reshape(shape)
@@ -294,7 +308,8 @@ class MultiheadAttention(ParamLayer):
 
     def __repr__(self) -> str:
         return (f"MultiheadAttention({self.embed_dim}, heads={self.num_heads}, "
-                f"kv_heads={self.num_kv_heads}, bias={self.bias}, rope={self.use_rope})")
+                f"kv_heads={self.num_kv_heads}, bias={self.bias}, rope={self.use_rope}, "
+                f"weights={self.weights!r})")
 
 
 def _product_moments(mu_a: torch.Tensor, var_a: torch.Tensor, mu_b: torch.Tensor,

@@ -10,6 +10,7 @@ N classes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from dptrain.tagi.activations import Activation
 
@@ -81,3 +82,47 @@ class ClosedFormSoftmax(Activation):
         ratio = torch.where(var_z > tiny, cov / var_z.clamp_min(tiny),
                             share)  # c_j / v_Z and its limit at v_Z = 0
         return mu_a, var_a, mu_a * (1.0 - ratio)
+
+
+def masked_softmax_moments(mu_z: torch.Tensor, var_z: torch.Tensor, keep: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m_A, v_A, J) of A = softmax(Z) over the last dimension, Z's entries independent
+    Gaussians, where `keep` (broadcast to Z) is true; A = 0 elsewhere (a causal mask).
+
+    `ClosedFormSoftmax`'s log-normal matching, but carried out on logarithms: every sum of
+    exponentials is a logsumexp and every log(1 + x) of a ratio a softplus of its logarithm,
+    so a score variance in the hundreds (an attention layer's early scores) stays finite where
+    exp(v_Z) would overflow. Then, as a probability vector must: m_A is renormalised to sum to 1
+    over the kept entries, v_A is at most m_A (1 − m_A) (the largest variance of a value in
+    [0, 1] with mean m_A), and J at most sqrt(v_A / v_Z) (|Cov(A, Z)| ≤ sd(A) sd(Z)). With small
+    variances it is the softmax of the means and J its derivative m_A (1 − m_A), unlike Remax,
+    whose ReLU sends every negative score to a floor (docs/tagi.md, Attention weights).
+    """
+    dtype = mu_z.dtype
+    keep = keep.expand_as(mu_z)
+    never = torch.tensor(-torch.inf, dtype=dtype, device=mu_z.device)
+    tiny = torch.finfo(dtype).tiny
+    var_z = var_z.clamp_min(0.0)
+    log_mu_e = torch.where(keep, mu_z + 0.5 * var_z, never)  # log E[exp(Z_j)]
+    log_mu_s = torch.logsumexp(log_mu_e, -1, keepdim=True)  # log E[S], S = Σ exp(Z_j)
+    # log(exp(v) − 1), −inf at v = 0: the log of v_E / m_E² = exp(v_Z) − 1
+    log_expm1_v = torch.where(var_z > tiny,
+                              var_z + torch.log(-torch.expm1(-var_z.clamp_min(tiny))), never)
+    log_var_ratio = torch.logsumexp(torch.where(keep, 2.0 * log_mu_e + log_expm1_v, never), -1,
+                                    keepdim=True) - 2.0 * log_mu_s  # log(v_S / m_S²)
+    var_ln_s = F.softplus(log_var_ratio)
+    mu_ln_s = log_mu_s - 0.5 * var_ln_s
+    cov = F.softplus(log_mu_e + log_expm1_v - log_mu_s)  # Cov(Z_j, ln S)
+    var_ln_a = (var_z + var_ln_s - 2.0 * cov).clamp_min(0.0)
+    mu_a = torch.softmax(torch.where(keep, mu_z - mu_ln_s + 0.5 * var_ln_a, never), -1)
+    # expm1 of at most 80 fits float32; the cap below holds v_A far lower anyway
+    var_a = torch.minimum(torch.expm1(var_ln_a.clamp_max(80.0)) * mu_a * mu_a,
+                          mu_a * (1.0 - mu_a))
+    share = torch.exp(log_mu_e - log_mu_s)  # the limit of Cov(Z_j, ln S) / v_Z at v_Z = 0
+    ratio = torch.where(var_z > tiny, cov / var_z.clamp_min(tiny), share)
+    jcb = mu_a * (1.0 - ratio).clamp_min(0.0)
+    # the bound where Z varies; at v_Z = 0 both sides are 0/0 and J is the derivative
+    jcb = torch.where(var_z > tiny, torch.minimum(jcb, (var_a / var_z.clamp_min(tiny)).sqrt()),
+                      jcb)
+    zero = torch.zeros((), dtype=dtype, device=mu_z.device)
+    return mu_a, torch.where(keep, var_a, zero), torch.where(keep, jcb, zero)
