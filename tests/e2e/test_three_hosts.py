@@ -36,12 +36,16 @@ EPOCHS = 3
 TRAIN = ["train", "--model", "tagi-mlp", "--hidden", "16", "--epochs", str(EPOCHS),
          "--batch-size", "24", "--checkpoint-every", "5", "--keep-last", "100", "--workers",
          "0", "--no-progress"]
-QUICK = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
-"""Quick to notice a lost node (3 missed 1 s heartbeats) and to start without it."""
+QUICK = "keep_alive_interval=1,keep_alive_max_attempt=5"
+"""Quick to notice a lost node (5 missed 1 s heartbeats, c10d's default; etcd keeps torch's
+15 s, docs/howto/multi_node.md) and to start without it (dptrain's 2 s last call)."""
 DEADLINE_S = 200
-LOST_A_PEER = re.compile(r"rank \d lost (a peer|rank\(s\) \d) at step \d+ \(exit code 5\); "
-                         r"restarting every worker \(3 restart\(s\) left\)")
-"""A survivor's agent, on the loss of a (its first restart)."""
+LOST_A_PEER = re.compile(r"(rank \d lost (a peer|rank\(s\) \d) at step \d+ \(exit code 5\)|"
+                         r"node \d: node\(s\) [\d., ]+ gone from the rendezvous \(no heartbeat "
+                         r"for 5 s, or restarting\)); restarting every worker \(3 restart\(s\) "
+                         r"left\)")
+"""A survivor's agent, on the loss of a (its first restart): told by its worker (the
+all-reduce failed) or by the rendezvous (a's heartbeats stopped), whichever comes first."""
 
 
 def _gated_dataset(tmp_path: Path) -> tuple[str, Path, Path]:
