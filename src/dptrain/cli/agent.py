@@ -252,6 +252,8 @@ class DptrainAgent(LocalElasticAgent):
         if self._survivors_reporting():
             return RunResult(state=WorkerState.HEALTHY)
         result = self._monitor_despite_unreadable_error_files(worker_group)
+        if self._peers_left_to_take_a_node_in(result, worker_group):
+            return RunResult(state=WorkerState.HEALTHY)  # torch's run loop takes them in
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures:
             rank, failure = root_cause(result.failures)
             if expected_error(failure) is not None:
@@ -268,6 +270,21 @@ class DptrainAgent(LocalElasticAgent):
                                                       self._lost_node()):
             return RunResult(state=WorkerState.UNHEALTHY)
         return result
+
+    @staticmethod
+    def _peers_left_to_take_a_node_in(result: RunResult, worker_group) -> bool:
+        """True when every failed worker of this node only lost a peer while a node waits to
+        join: another node's agent saw the waiting node first and restarted its workers to
+        take it in, which is no failure and costs no restart (torch's own path, taken here a
+        moment later). A worker that failed by itself still counts."""
+        if result.state != WorkerState.FAILED or not result.failures:
+            return False
+        if not all("RankFailure" in _text(f.message) for f in result.failures.values()):
+            return False
+        try:
+            return worker_group.spec.rdzv_handler.num_nodes_waiting() > 0
+        except Exception:  # noqa: BLE001 - a store that no longer answers: a real failure
+            return False
 
     def _lost_node(self) -> bool:
         """Dynamic rendezvous, workers running: True when a node of this round is gone from
