@@ -104,6 +104,18 @@ def _reference(tmp_path: Path, dataset: str, stretches: list[tuple[int, int]]) -
     return json.loads((out / "summary.json").read_text())["params_sha256"]
 
 
+def _three_train_then_a_is_lost(job, a, b, c) -> tuple:
+    """a, b and c start the job and train on 3 nodes to a new checkpoint; then a is lost
+    outright. b's and c's nodes."""
+    job.start(a)
+    node_b, node_c = job.start(b), job.start(c)
+    # (A node that starts late, past the last call, joins a world of 2 at once.)
+    job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) >= 1)
+    job.train_until_a_new_checkpoint()
+    _lose(a)
+    return node_b, node_c
+
+
 def test_with_etcd_three_hosts_lose_the_first_and_take_it_back_resuming_exactly(
         three_hosts, tmp_path):  # noqa: F811
     from tests._etcd import EtcdCluster, Member, unavailable_reason
@@ -122,13 +134,7 @@ def test_with_etcd_three_hosts_lose_the_first_and_take_it_back_resuming_exactly(
     started = time.monotonic()
     with cluster:
         try:
-            job.start(a)
-            node_b, node_c = job.start(b), job.start(c)
-            # (A node that starts late, past the last call, joins a world of 2 at once.)
-            job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) >= 1)
-            job.train_until_a_new_checkpoint()
-
-            _lose(a)
+            node_b, node_c = _three_train_then_a_is_lost(job, a, b, c)
             cluster.members[0].proc.wait(timeout=10)
             lost_at, on_2, on_3 = time.monotonic(), job.started_at(2), job.started_at(3)
             gate.unlink()  # b's and c's workers go on to the step's all-reduce: a is gone
@@ -185,11 +191,7 @@ def test_under_c10d_losing_the_rendezvous_host_ends_the_job_in_one_line(
     job = _job(tmp_path, dataset, gate, ["--rdzv-endpoint", endpoint], "three-hosts-c10d")
     gate.touch()
     try:
-        job.start(a)
-        node_b, node_c = job.start(b), job.start(c)
-        job.wait_for("the workers on 3 nodes", lambda: job.started_at(3) >= 1)
-        job.train_until_a_new_checkpoint()
-        _lose(a)
+        node_b, node_c = _three_train_then_a_is_lost(job, a, b, c)
         gate.unlink()
         codes = [n.proc.wait(timeout=max(1, job.deadline - time.monotonic()))
                  for n in (node_b, node_c)]
