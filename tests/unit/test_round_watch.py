@@ -113,3 +113,31 @@ def test_a_node_waiting_to_join_is_no_loss_and_a_static_rendezvous_has_no_watch(
         h._stop_heartbeats()
     assert dynamic_handler(object()) is None
     assert RoundWatch(object()).gone() == []
+
+
+def test_a_newcomer_is_a_node_from_outside_the_round_not_one_that_left_to_restart(store):
+    """A node of the round that restarts its workers waits to join as a newcomer does; only
+    the newcomer makes a node whose workers lost their peers take it as a join (no restart
+    counted): the round's own node leaving means a real loss was seen."""
+    a, b = _handlers(store, "newcomer", 2)
+    _form_a_round([a, b])
+    watch = RoundWatch(a)
+    assert watch.newcomers() == []
+    leaving = _in_background(b.next_rendezvous)  # b restarts: it waits, but is no newcomer
+    deadline = time.monotonic() + 15
+    while a.num_nodes_waiting() == 0:
+        assert time.monotonic() < deadline, "b never waited"
+        time.sleep(0.1)
+    assert watch.newcomers() == []
+    late, = _handlers(store, "newcomer", 1)
+    late_addr = "node-0"  # the helper names nodes by their index in each call
+    joiner = _in_background(late.next_rendezvous)
+    while not watch.newcomers():
+        assert time.monotonic() < deadline, "the newcomer was never seen"
+        time.sleep(0.1)
+    assert watch.newcomers() == [late_addr]
+    a.set_closed()
+    for thread in (joiner, leaving):
+        thread.join(20)
+    for h in (a, b, late):
+        h._stop_heartbeats()

@@ -252,7 +252,7 @@ class DptrainAgent(LocalElasticAgent):
         if self._survivors_reporting():
             return RunResult(state=WorkerState.HEALTHY)
         result = self._monitor_despite_unreadable_error_files(worker_group)
-        if self._peers_left_to_take_a_node_in(result, worker_group):
+        if self._peers_left_to_take_a_node_in(result):
             return RunResult(state=WorkerState.HEALTHY)  # torch's run loop takes them in
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures:
             rank, failure = root_cause(result.failures)
@@ -271,18 +271,19 @@ class DptrainAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.UNHEALTHY)
         return result
 
-    @staticmethod
-    def _peers_left_to_take_a_node_in(result: RunResult, worker_group) -> bool:
-        """True when every failed worker of this node only lost a peer while a node waits to
-        join: another node's agent saw the waiting node first and restarted its workers to
-        take it in, which is no failure and costs no restart (torch's own path, taken here a
-        moment later). A worker that failed by itself still counts."""
-        if result.state != WorkerState.FAILED or not result.failures:
+    def _peers_left_to_take_a_node_in(self, result: RunResult) -> bool:
+        """True when every failed worker of this node only lost a peer while a node that was
+        not in this round waits to join: another node's agent saw the newcomer first and
+        restarted its workers to take it in, which is no failure and costs no restart
+        (torch's own path, taken here a moment later). A worker that failed by itself, or a
+        peer lost while only nodes of this round wait (they left to restart: a real loss),
+        still counts."""
+        if result.state != WorkerState.FAILED or not result.failures or self._round is None:
             return False
         if not all("RankFailure" in _text(f.message) for f in result.failures.values()):
             return False
         try:
-            return worker_group.spec.rdzv_handler.num_nodes_waiting() > 0
+            return bool(self._round.newcomers())
         except Exception:  # noqa: BLE001 - a store that no longer answers: a real failure
             return False
 

@@ -83,3 +83,16 @@ class RoundWatch:
         if seen is None or seen.closed or seen.wait_list or seen.round != self._round:
             return []
         return sorted(node.addr for node in self._members if node not in seen.participants)
+
+    def newcomers(self) -> list[str]:
+        """The addresses of the nodes waiting to join that were not in this round: a node
+        coming (back) in, as opposed to a node of the round that left to restart its workers.
+        Synced first (one request), so that a node that has just asked is seen."""
+        handler = self._handler
+        if handler is None:
+            return []
+        handler.num_nodes_waiting()  # torch's sync of the rendezvous state
+        seen = self._look()
+        if seen is None or seen.round != self._round:
+            return []
+        return sorted(node.addr for node in seen.wait_list if node not in self._members)
