@@ -70,9 +70,9 @@ def test_huge_score_variances_stay_a_distribution():
     assert (jcb <= (v_a / v).sqrt() + 1e-7).all() and (jcb >= 0).all()
 
 
-def test_softmax_attention_is_causal_and_learns_what_remax_attention_learns_on_a_copy():
-    """The layer with softmax weights: an output at position t moves with no later token, and
-    a step moves the weights; the only difference from Remax is the weights' moments."""
+def test_softmax_attention_is_causal_and_refuses_an_unknown_weighting():
+    """The layer with softmax weights: an output at position t moves with no later token (mean
+    and variance, bit for bit), one at a later position does; an unknown `weights` is refused."""
     manual_seed(0)
     layer = MultiheadAttention(8, 2, use_rope=True, max_seq_len=6, weights="softmax",
                                dtype=F64)
