@@ -94,11 +94,12 @@ def load_csv(path: Path, *, troubled: bool, num_series: int = MULTI_SERIES, seed
     return write_load_csv(path, num_series=num_series, troubled=troubled, seed=seed)
 
 
-def run_multi(troubled: bool, epochs: int, seed: int) -> dict:
+def run_multi(troubled: bool, epochs: int, seed: int, scaling: str = "auto") -> dict:
     """tagi-lstm with an 8-wide series embedding on the generated load file (lookback 24,
-    horizon 1, calendar features, rolled daily, batch 64), scored as a run reports it (the
-    last epoch's model: summary.json) and as `dptrain predict` of best/ gives it (the epoch
-    chosen on validation, by the default val_series_nrmse and by the pooled val_rmse)."""
+    horizon 1, calendar features, rolled daily, batch 64, --window-scaling `scaling`), scored
+    as a run reports it (the last epoch's model: summary.json) and as `dptrain predict` of
+    best/ gives it (the epoch chosen on validation, by the default val_series_nrmse and by
+    the pooled val_rmse)."""
     defaults = model_defaults("tagi-lstm")
     with tempfile.TemporaryDirectory() as tmp:
         path = load_csv(Path(tmp) / "load.csv", troubled=troubled, seed=seed)
@@ -106,7 +107,8 @@ def run_multi(troubled: bool, epochs: int, seed: int) -> dict:
                                       forecast_every=24, time_features="auto", val_size="24",
                                       test_size="168"), seed=seed)
     config = ModelConfig(model="tagi-lstm", hidden=defaults["hidden"],
-                         heteroscedastic=defaults["heteroscedastic"], series_embedding=8)
+                         heteroscedastic=defaults["heteroscedastic"], series_embedding=8,
+                         window_scaling=scaling)
     split = model_split(config, split)
     learner = create_learner(config, LearnerConfig(sigma_v=defaults["sigma_v"]), split,
                              seed=seed)
@@ -124,6 +126,8 @@ def run_multi(troubled: bool, epochs: int, seed: int) -> dict:
     report = forecast_report(learner.predict_moments, split.series, None)
     row = {"dataset": "load, troubled" if troubled else "load, clean", "lookback": 24,
            "horizon": 1, "forecast_every": 24, "series": MULTI_SERIES,
+           "window_scaling_option": scaling,
+           "window_scaling": "on" if learner.window_scaling is not None else "off",
            **_scores(report), **_meter_nd(learner, split.series, troubled),
            "train_seconds": train_seconds}
     for monitor, (value, epoch, state) in best.items():
@@ -181,7 +185,9 @@ def multi_rows(r: dict) -> list[str]:
     forecasts with)."""
     chosen = [(f"best/ by val_{m} (epoch {r[f'best_by_val_{m}']['epoch']})",
                r[f"best_by_val_{m}"]) for m in ("series_nrmse", "rmse")]
-    return [f"| {r['dataset']} ({r['series']} meters), {label} | "
+    scaling = f"window scaling {r['window_scaling']}" + (
+        " (auto)" if r["window_scaling_option"] == "auto" else "")
+    return [f"| {r['dataset']} ({r['series']} meters), {scaling}, {label} | "
             f"{c['variance_scale']:.2f} ({c['variance_scale_rule'].split(':')[0]}; pooled "
             f"{c['variance_scale_pooled']:.3g}) | {100 * c['coverage_2sigma']:.1f} % "
             f"({100 * c['coverage_2sigma_naive']:.1f} %) | {c['log_likelihood']:.2f} "
@@ -210,7 +216,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.multi_series:
-        multi = [run_multi(troubled, args.epochs, args.seed) for troubled in (False, True)]
+        # auto on each file, and the troubled one as it forecast before window scaling
+        multi = [run_multi(troubled, args.epochs, args.seed, scaling) for troubled, scaling
+                 in ((False, "auto"), (True, "auto"), (True, "off"))]
         for r in multi:
             print("\n".join(multi_rows(r)), flush=True)
             if "nd_odd_meters" in r:

@@ -68,5 +68,9 @@ def test_a_troubled_multi_series_file_forecasts_with_finite_moments(tmp_path):
     # RMSE in standard units 417 (and the pooled validation RMSE chose the epoch by them).
     assert summary["test_rmse"] < 20, summary["test_rmse"]
     assert summary["monitor"] == "val_series_nrmse"
+    # the meter that woke up and the tripled one leave their training range in validation:
+    # --window-scaling auto scales each window by its own level and spread, and says so once
+    notice = [line for line in done.stderr.splitlines() if "leave their training range" in line]
+    assert len(notice) == 1 and "meter0" in notice[0] and "meter2" in notice[0], done.stderr
     header = (out / "epochs.csv").read_text().splitlines()[0].split(",")
     assert {"val_series_nrmse", "val_rmse"} <= set(header)

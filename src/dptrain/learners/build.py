@@ -44,6 +44,8 @@ from dptrain.learners.schedule import LrSchedule, scaled_lr
 from dptrain.learners.tagi_learner import TagiLearner
 from dptrain.learners.torch_config import OptimizerFactory
 from dptrain.learners.torch_learner import TorchLearner
+from dptrain.learners.window_scaling import WindowScaling
+from dptrain.learners.window_scaling import choose as choose_window_scaling
 from dptrain.learners.user_model import is_model_file, load_user_model
 from dptrain.tagi import manual_seed
 
@@ -182,7 +184,11 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
     model, kind = create_model(model_config, split, seed=seed, dataset=dataset)
     if kind == "tagi":
         refuse_torch_options(learner_config, model_config.model)
-        return tagi_learner(model, learner_config, split, model_config.heteroscedastic)
+        return tagi_learner(model, learner_config, split, model_config.heteroscedastic,
+                            window_scaling(model_config, split, dataset or split.name))
+    if model_config.window_scaling == "on":
+        raise ConfigError(f"window-scaling on is for TAGI models, whose forecasts it scales; "
+                          f"{model_config.model} is a torch model")
     _refuse_missing_targets(split, model_config.model, dataset or split.name)
     if learner_config.activation_checkpointing:
         checkpoint_blocks(model, model_config.model)
@@ -220,8 +226,20 @@ def _refuse_missing_targets(split: Split, model: str, dataset: str) -> None:
                           f"TAGI model (tagi-mlp, tagi-lstm), which skips them")
 
 
+def window_scaling(config: ModelConfig, split: Split, dataset: str) -> WindowScaling | None:
+    """Where a TAGI model's windows are scaled by their own mean and spread
+    (`dptrain.learners.window_scaling.choose`)."""
+    if config.window_scaling == "on" and split.series is None:
+        raise ConfigError(f"dataset {dataset}: window-scaling on scales the windows of a time "
+                          f"series, and this dataset is not one")
+    if split.series is None:
+        return None
+    return choose_window_scaling(split.series, config.window_scaling, dataset)
+
+
 def tagi_learner(model: Any, config: LearnerConfig, split: Split,
-                 heteroscedastic: bool = False) -> TagiLearner:
+                 heteroscedastic: bool = False, scaling: WindowScaling | None = None
+                 ) -> TagiLearner:
     """A TAGI network's learner: σ_v schedule, data-parallel mode, metrics in data units."""
     y_scale = split.y_norm.std if split.y_norm is not None else None
     return TagiLearner(model, task=split.task, num_classes=split.num_classes,
@@ -229,7 +247,8 @@ def tagi_learner(model: Any, config: LearnerConfig, split: Split,
                        sigma_v_decay=config.sigma_v_decay, average=config.average,
                        y_scale=y_scale, heteroscedastic=heteroscedastic,
                        stop_on_collapse=config.stop_on_collapse, hrc_link=config.hrc_link,
-                       compile={"on": True, "off": False}.get(config.compile, "auto"))
+                       compile={"on": True, "off": False}.get(config.compile, "auto"),
+                       window_scaling=scaling)
 
 
 def torch_learner(model: nn.Module, config: LearnerConfig, task: str,

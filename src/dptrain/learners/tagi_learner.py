@@ -18,6 +18,7 @@ from dptrain.learners.forecast import forecast_report
 from dptrain.learners.plots import plot_regression_band
 from dptrain.learners.protocol import Batch, Metrics
 from dptrain.learners.series_metrics import pop_series_nrmse, series_sums
+from dptrain.learners.window_scaling import WindowScaling, WindowStats
 from dptrain.tagi import BatchNorm2d, HRCSoftmax, OutputUpdater, Sequential, native, split_heteros
 from dptrain.tagi.ddp import DDPSequential
 from dptrain.tagi.compiled import CompiledStep
@@ -93,7 +94,8 @@ class TagiLearner:
                  sigma_v_min: float = 0.0, sigma_v_decay: float = 1.0, average: bool = False,
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
                  stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto",
-                 compile: bool | Literal["auto"] = False) -> None:
+                 compile: bool | Literal["auto"] = False,
+                 window_scaling: WindowScaling | None = None) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -130,6 +132,10 @@ class TagiLearner:
         """`compile`'s training step (`DDPSequential.compile`), made by `setup`."""
         self.collapse: dict[str, Any] | None = None
         """The first evaluation's collapse record (`dptrain.learners.collapse.verdict`)."""
+        if window_scaling is not None and task != "regression":
+            raise ConfigError("window scaling is for time series (regression): it scales a "
+                              "window's values and the targets that follow them")
+        self.window_scaling = window_scaling
 
     def setup(self, runtime: Runtime) -> None:
         device = runtime.device
@@ -185,14 +191,25 @@ class TagiLearner:
             raise RuntimeError("TagiLearner.setup(runtime) must run before training")
         return self.net
 
+    def _scaled(self, x: torch.Tensor, y: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, WindowStats | None]:
+        """The network's input and target: each window in its own units under window
+        scaling (`dptrain.learners.window_scaling`), the batch's as they are otherwise."""
+        if self.window_scaling is None:
+            return x, y, None
+        stats = self.window_scaling.stats(x)
+        x = self.window_scaling.inputs(x, None, stats)[0]
+        return x, None if y is None else self.window_scaling.targets(y, stats), stats
+
     def train_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
         x, y = batch
         net.train()
+        x, target, stats = self._scaled(x, y)
         if self.compiled is not None:
-            return self._compiled_step(x, y)
+            return self._compiled_step(x, target, y, stats)
         mu, var = net(x)
-        metrics = self._metrics(mu, var, y)
+        metrics = self._metrics(mu, var, y, stats)
         if self.hrc is not None and self.hrc_link == "auto":
             metrics.update(_link_scores(self._decoders, mu, var, y))
         noise = self.sigma_v ** 2
@@ -201,10 +218,10 @@ class TagiLearner:
             self.updater.update_using_indices(net.output_z_buffer, obs, noise, idx,
                                               net.input_delta_z_buffer)
         elif self.heteroscedastic:
-            self.updater.update_heteros(net.output_z_buffer, y.to(mu.dtype),
+            self.updater.update_heteros(net.output_z_buffer, target.to(mu.dtype),
                                         net.input_delta_z_buffer)
         else:
-            self.updater.update(net.output_z_buffer, y.to(mu.dtype), noise,
+            self.updater.update(net.output_z_buffer, target.to(mu.dtype), noise,
                                 net.input_delta_z_buffer)
         net.backward()
         net.step()
@@ -217,7 +234,8 @@ class TagiLearner:
         self._train_scores = scores if self.hrc is not None and self.hrc_link == "auto" else None
         return means
 
-    def _compiled_step(self, x: torch.Tensor, y: torch.Tensor) -> Metrics:
+    def _compiled_step(self, x: torch.Tensor, target: torch.Tensor, y: torch.Tensor,
+                       stats: WindowStats | None) -> Metrics:
         """`train_step` as one compiled call: the same update, the same metrics."""
         assert self.compiled is not None
         dtype, noise = self.model.dtype, self.sigma_v ** 2
@@ -225,8 +243,8 @@ class TagiLearner:
             obs, idx = encode_positions(self.hrc, y, dtype)
             mu, var = self.compiled(x, obs, noise, idx)
         else:
-            mu, var = self.compiled(x, y.to(dtype), noise)
-        metrics = self._metrics(mu, var, y)
+            mu, var = self.compiled(x, target.to(dtype), noise)
+        metrics = self._metrics(mu, var, y, stats)
         if self.hrc is not None and self.hrc_link == "auto":
             metrics.update(_link_scores(self._decoders, mu, var, y))
         return metrics
@@ -234,6 +252,7 @@ class TagiLearner:
     def eval_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
         x, y = batch
+        x, _, stats = self._scaled(x)
         if self.compiled is not None:  # the native library's forward where it steps natively
             mu, var = self.compiled.predict(x)
         else:
@@ -241,23 +260,24 @@ class TagiLearner:
             mu, var = net(x)
             net.train()
         if self.hrc is None:
-            metrics = self._metrics(mu, var, y)
-            metrics.update(self._series_sums(mu, var, y, getattr(batch, "series", None)))
+            metrics = self._metrics(mu, var, y, stats)
+            metrics.update(self._series_sums(mu, var, y, getattr(batch, "series", None),
+                                             stats))
         else:
             metrics = _class_metrics(self.hrc, mu, var, y)
             if self.hrc_link == "auto":  # and the other link's: `end_evaluation` chooses
                 metrics.update({f"{_EVAL_LINK_PREFIX}{link}:{name}": value
                                 for link, hrc in self._decoders.items() if hrc is not self.hrc
                                 for name, value in _class_metrics(hrc, mu, var, y).items()})
-        metrics.update(collapse.output_sums(self._bands(mu, var)[0] if self.heteroscedastic
-                                            else mu))
+        metrics.update(collapse.output_sums(self._bands(mu, var, stats=stats)[0]))
         return metrics
 
-    def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> Metrics:
+    def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor,
+                 stats: WindowStats | None = None) -> Metrics:
         if self.hrc is not None:
             return _class_scores(self.hrc, mu, var, y)[2]
         y = y.to(mu.dtype)
-        mean, epistemic_var, total_var = self._bands(mu, var, y.shape)
+        mean, epistemic_var, total_var = self._bands(mu, var, y.shape, stats)
         # a missing target (NaN, in time series) counts nowhere, as it updates nothing
         seen = torch.isfinite(y)
         count = float(seen.sum().item())
@@ -275,26 +295,33 @@ class TagiLearner:
                 **coverage}
 
     def _series_sums(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor,
-                     series: torch.Tensor | None) -> Metrics:
+                     series: torch.Tensor | None, stats: WindowStats | None) -> Metrics:
         """Squared errors per series, in each series' standard units (`series_metrics`)."""
         if series is None:
             return {}
         y = y.to(mu.dtype)
-        mean = self._bands(mu, var, y.shape)[0]
+        mean = self._bands(mu, var, y.shape, stats)[0]
         seen = torch.isfinite(y)
         return series_sums(torch.where(seen, (y - mean) ** 2, 0.0), seen, series)
 
-    def _bands(self, mu: torch.Tensor, var: torch.Tensor, target_shape: torch.Size | None = None
+    def _bands(self, mu: torch.Tensor, var: torch.Tensor, target_shape: torch.Size | None = None,
+               stats: WindowStats | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(mean, epistemic variance, total predictive variance) in normalised units."""
+        """(mean, epistemic variance, total predictive variance) in normalised units: a
+        window-scaled network's back in its series' units (`stats` of its inputs)."""
         if not self.heteroscedastic:
-            return mu, var, var + self.sigma_v ** 2
-        if target_shape is not None and mu.shape[1] != 2 * target_shape[1]:
+            mean, epistemic_var, total_var = mu, var, var + self.sigma_v ** 2
+        elif target_shape is not None and mu.shape[1] != 2 * target_shape[1]:
             raise ConfigError(f"heteroscedastic: the model's output has width {mu.shape[1]}, "
                               f"expected 2 x {target_shape[1]} targets as (mean, noise) pairs "
                               f"(end the model with EvenExp)")
-        pred = split_heteros(mu, var)
-        return pred.mean, pred.epistemic_var, pred.total_var
+        else:
+            pred = split_heteros(mu, var)
+            mean, epistemic_var, total_var = pred.mean, pred.epistemic_var, pred.total_var
+        if stats is None:
+            return mean, epistemic_var, total_var
+        mean, epistemic_var = WindowScaling.outputs(mean, epistemic_var, stats)
+        return mean, epistemic_var, WindowScaling.outputs(mean, total_var, stats)[1]
 
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Regression: predictive mean and standard deviation (incl. observation noise), in the
@@ -306,10 +333,11 @@ class TagiLearner:
         """Regression: predictive mean, epistemic standard deviation (the model's uncertainty)
         and total standard deviation (with the observation noise), in normalised units."""
         net = self._ddp()
+        x, _, stats = self._scaled(x)
         net.eval()
         mu, var = net(x)
         net.train()
-        mean, epistemic_var, total_var = self._bands(mu, var)
+        mean, epistemic_var, total_var = self._bands(mu, var, stats=stats)
         return mean, epistemic_var.sqrt(), total_var.sqrt()
 
     @torch.no_grad()
@@ -318,11 +346,15 @@ class TagiLearner:
         """Regression: predictive mean and total variance (with the observation noise) for
         inputs with variances (a forecast feeding its predictions back), normalised units."""
         net = self._ddp()
+        stats = None
+        if self.window_scaling is not None:
+            stats = self.window_scaling.stats(mu_x)
+            mu_x, var_x = self.window_scaling.inputs(mu_x, var_x, stats)
         net.eval()
         mu, var = net(mu_x.to(self.model.device, self.model.dtype),
                       var_x.to(self.model.device, self.model.dtype))
         net.train()
-        mean, _, total_var = self._bands(mu, var)
+        mean, _, total_var = self._bands(mu, var, stats=stats)
         return mean, total_var
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:

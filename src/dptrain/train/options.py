@@ -139,12 +139,13 @@ RUN_DEFAULTS = {f.name: f.default for f in fields(TrainOptions)
 existed matches a resume that leaves it at its default (train/resume.py)."""
 
 
-BEFORE_OPTION = {"val_size": NO_VALIDATION, "hrc_link": "probit"}
+BEFORE_OPTION = {"val_size": NO_VALIDATION, "hrc_link": "probit", "window_scaling": "off"}
 """For an option whose default changed what a run computes when it came: the value that means
 what dptrain did before it existed. A checkpoint whose record lacks the option was written
 then; the run resumes with this value (`as_saved`), and the record comparison takes it for
 the missing entry (train/resume.py). Runs from before validation parts: no validation part,
-the test metric monitored; from before TAGI's link choice: pytagi's probit link."""
+the test metric monitored; from before TAGI's link choice: pytagi's probit link; from before
+window scaling: each window in its series' standard units."""
 
 
 BEFORE_MODEL_DEFAULT = {"tagi-lstm": {"heteroscedastic": False, "time_features": "",
