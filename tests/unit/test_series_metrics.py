@@ -81,6 +81,15 @@ def test_series_nrmse_is_the_bounded_mean_of_each_series_rmse_however_the_window
     assert shared["series_nrmse"] == pytest.approx(whole["series_nrmse"], rel=1e-6)
     assert not any(name.startswith("_series") for name in whole)  # sums are not columns
     assert "mse" in whole  # the pooled one is reported beside it
+    if model == "tagi-mlp":  # with predictive variances: the per-series-balanced coverage
+        mean, total_std = learner.predict(x)
+        inside = ((mean - y).abs() <= 2 * total_std).squeeze(1).double()
+        coverage = torch.stack([inside[part.series == s].mean() for s in range(8)]).mean()
+        assert whole["series_coverage_2sigma"] == pytest.approx(coverage.item(), rel=1e-6)
+        assert shared["series_coverage_2sigma"] == pytest.approx(coverage.item(), rel=1e-6)
+        assert "coverage_2sigma" in whole
+    else:  # a torch model has no interval
+        assert "series_coverage_2sigma" not in whole
 
 
 def test_one_odd_series_cannot_capture_it_as_it_captures_the_pooled_rmse():
@@ -107,6 +116,18 @@ def test_pop_series_nrmse_bounds_each_series_at_four_medians():
     assert reduced == {"mse": 1.0, "series_nrmse": pytest.approx((9 + 4) / 10)}
     # it chooses: the test part reports the pooled metrics alone, as before it
     assert pop_series_nrmse(means(sums), "test") == {"mse": 1.0}
+
+
+def test_series_coverage_counts_each_series_once_whatever_its_windows():
+    """Nine series whose intervals hold every value and one that misses them all: 90 %, as
+    the series are counted, where the pooled coverage of the windows (the odd series holding
+    91 of 100) would be 9 %."""
+    sums = {**{f"_series_cov2:{s}": (1.0, 1.0) for s in range(9)},
+            "_series_cov2:9": (0.0, 91.0), "_series_mse:0": (1.0, 1.0)}
+    reduced = pop_series_nrmse(means(sums), "val")
+    assert reduced["series_coverage_2sigma"] == pytest.approx(0.9)
+    assert not any(name.startswith("_series") for name in reduced)
+    assert "series_coverage_2sigma" not in pop_series_nrmse(means(sums), "test")
 
 
 def test_several_series_choose_by_it_one_series_by_the_rmse():

@@ -13,6 +13,12 @@ series': scale-free, and balanced over the series. The pooled
 training range (a level shift, a meter that wakes up) sets it, and with it the epoch chosen;
 in `series_nrmse` such a series moves the measure of S series by at most 3/S of the typical
 series' RMSE (docs/forecasting.md).
+
+A learner with predictive variances (TAGI) also gives each target's place inside or outside
+its ±2σ interval (`inside`): `series_coverage_2sigma` is the mean over the series of each
+one's coverage, where the pooled `coverage_2sigma` is that of the series with the most
+windows, and a series whose intervals miss every value counts as one series, not by its
+share of the windows.
 """
 
 from __future__ import annotations
@@ -26,28 +32,41 @@ from dptrain.learners.protocol import Metrics
 
 PREFIX = "_series_mse:"
 """Per-series sums for `pop_series_nrmse` alone (the leading "_": not shown, not a column)."""
+COVERAGE_PREFIX = "_series_cov2:"
+"""Per-series counts of targets inside their ±2σ interval, for `pop_series_nrmse`."""
 
 
 def series_sums(err2: torch.Tensor, seen: torch.Tensor, series: torch.Tensor | None,
-                prefix: str = "") -> Metrics:
+                prefix: str = "", inside: torch.Tensor | None = None) -> Metrics:
     """(sum of squared errors, observed targets) per series of a batch: err2 and seen (B, H),
-    series (B,) (`Batch.series`; None: one series or none, nothing to add)."""
+    series (B,) (`Batch.series`; None: one series or none, nothing to add); with `inside`
+    (B, H), whether each observed target lies in its ±2σ interval, (inside, observed) too."""
     if series is None or not len(series):
         return {}
     ids, row = series.cpu().unique(return_inverse=True)
-    err2_sum = torch.zeros(len(ids), dtype=torch.float64).index_add_(
-        0, row, err2.detach().double().cpu().reshape(len(series), -1).sum(1))
-    count = torch.zeros(len(ids), dtype=torch.float64).index_add_(
-        0, row, seen.cpu().reshape(len(series), -1).sum(1).double())
-    return {f"{prefix}{PREFIX}{s}": (e, c)
-            for s, e, c in zip(ids.tolist(), err2_sum.tolist(), count.tolist()) if c > 0}
+
+    def per_series(values: torch.Tensor) -> list[float]:
+        return torch.zeros(len(ids), dtype=torch.float64).index_add_(
+            0, row, values.detach().double().cpu().reshape(len(series), -1).sum(1)).tolist()
+
+    count = per_series(seen)
+    sums = [(PREFIX, per_series(err2))]
+    if inside is not None:
+        sums.append((COVERAGE_PREFIX, per_series(inside & seen)))
+    return {f"{prefix}{kind}{s}": (total, c) for kind, totals in sums
+            for s, total, c in zip(ids.tolist(), totals, count) if c > 0}
 
 
 def pop_series_nrmse(means: dict[str, float], part: str, prefix: str = "") -> dict[str, float]:
     """`means` without the per-series entries of `series_sums` (made with `prefix`), and,
     for the validation part ("val") where there were any, with `{prefix}series_nrmse` from
-    them (module docstring). It is there to choose: the test part reports the pooled metrics
-    alone, as it did before (a run from before it resumes with the columns it began with)."""
+    them (module docstring), and `{prefix}series_coverage_2sigma` where they held coverage.
+    They are there to choose: the test part reports the pooled metrics alone, as it did
+    before (a run from before them resumes with the columns it began with)."""
+    covered = [name for name in means if name.startswith(f"{prefix}{COVERAGE_PREFIX}")]
+    coverage = [means.pop(name) for name in covered]
+    if coverage and part == "val":
+        means[f"{prefix}series_coverage_2sigma"] = sum(coverage) / len(coverage)
     names = [name for name in means if name.startswith(f"{prefix}{PREFIX}")]
     if not names or part != "val":
         for name in names:

@@ -296,13 +296,15 @@ class TagiLearner:
 
     def _series_sums(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor,
                      series: torch.Tensor | None, stats: WindowStats | None) -> Metrics:
-        """Squared errors per series, in each series' standard units (`series_metrics`)."""
+        """Squared errors per series, in each series' standard units, and the targets inside
+        their ±2σ intervals (`series_metrics`)."""
         if series is None:
             return {}
         y = y.to(mu.dtype)
-        mean = self._bands(mu, var, y.shape, stats)[0]
+        mean, _, total_var = self._bands(mu, var, y.shape, stats)
         seen = torch.isfinite(y)
-        return series_sums(torch.where(seen, (y - mean) ** 2, 0.0), seen, series)
+        err2 = torch.where(seen, (y - mean) ** 2, 0.0)
+        return series_sums(err2, seen, series, inside=err2 <= 4 * total_var)
 
     def _bands(self, mu: torch.Tensor, var: torch.Tensor, target_shape: torch.Size | None = None,
                stats: WindowStats | None = None
