@@ -246,6 +246,21 @@ def tagi_gpt() -> str:
                   "tokens/s |", "|---|---:|---:|---:|---:|---:|", rows)
 
 
+def tagi_gpt_variants() -> str:
+    result = load("tagi_gpt_variants.json")
+    ref = result["torch_gpt"]
+
+    def curve(run: dict) -> str:
+        return " / ".join(f"{point['loss']:.2f}" for point in run["curve"])
+
+    rows = [f"| {r['variant']} | {r['loss']:.3f} ({r['link']}) | {curve(r)} | "
+            f"{percent(r['error'], 1)} | {r['ece']:.3f} |" for r in result["runs"]]
+    rows.append(f"| torch-gpt, nanoGPT's recipe (reference) | {ref['val_loss']:.3f} | | "
+                f"{percent(ref['val_error'], 1)} | {ref['val_ece']:.3f} |")
+    return _lines("| tagi-gpt variant | validation loss (link) | every 500 steps | error | ECE |",
+                  "|---|---:|---:|---:|---:|", rows)
+
+
 def tagi_attention_vs_cutagi() -> str:
     result = load("tagi_attention_vs_cutagi.json")
     c, step = result["config"], result["step_s"]
@@ -289,7 +304,8 @@ TABLES = {f.__name__: f for f in (demo, large_batch, learning, tagi_vs_pytagi, t
                                   tagi_vs_pytagi_resnet18, tagi_conv_vs_torch,
                                   tagi_heteros_vs_pytagi, tagi_lstm_vs_pytagi, tagi_stability,
                                   tagi_ddp, checkpoint_pause, input_pipeline, gpt_vs_nanogpt,
-                                  tagi_gpt, tagi_attention_vs_cutagi, node_loss)}
+                                  tagi_gpt, tagi_gpt_variants, tagi_attention_vs_cutagi,
+                                  node_loss)}
 
 
 def render(name: str) -> str:

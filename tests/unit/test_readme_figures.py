@@ -515,3 +515,20 @@ def test_multi_series_table_is_forecast_multi_series_json():
     for scored in (troubled, *(troubled[f"best_by_val_{m}"] for m in ("series_nrmse", "rmse"))):
         assert 0.85 <= scored["coverage_2sigma"] <= 1.0, scored
         assert scored["nd"] - scored["nd_naive"] <= clean_loss, scored
+
+
+def test_tagi_gpt_variants_prose_is_tagi_gpt_variants_json():
+    """The figures docs/results.md quotes from bench/tagi_gpt_variants.py's record."""
+    result = _load("tagi_gpt_variants.json")
+    runs = {r["variant"]: r for r in result["runs"]}
+    best = min(result["runs"], key=lambda r: r["loss"])
+    assert best["variant"] == "σ_v 2"
+    page = re.sub(r"\s+", " ", PAGE)
+    for text in (f"torch-gpt reaches {result['torch_gpt']['val_loss']:.3f} nats per token and "
+                 f"the best variant, σ_v 2, {best['loss']:.3f}",
+                 f"ECE {best['ece']:.3f} against {result['torch_gpt']['val_ece']:.3f}",
+                 f"at σ_v 1 ({runs['σ_v 1, process noise 0.0001']['loss']:.3f} against "
+                 f"{runs['σ_v 1']['loss']:.3f})",
+                 f"({runs['σ_v 4, process noise 1e-05']['loss']:.3f} at q 10⁻⁵, "
+                 f"{runs['σ_v 4, process noise 0.0001']['loss']:.3f} at 10⁻⁴)"):
+        assert text in page, f"docs/results.md does not say {text!r}"
