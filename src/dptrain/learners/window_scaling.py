@@ -111,7 +111,8 @@ def shifted_series(series: SeriesData) -> list[str]:
     seen = torch.isfinite(z)
     count = seen.sum(1)
     mean = torch.where(seen, z, 0.0).sum(1) / count.clamp_min(1)
-    spread = (torch.where(seen, z - mean[:, None], 0.0) ** 2).sum(1).div(count.clamp_min(1)).sqrt()
+    spread = ((torch.where(seen, z - mean[:, None], 0.0) ** 2).sum(1)
+              / count.clamp_min(1)).sqrt()
     shifted = (count >= 2) & ((mean.abs() > SHIFT) | (spread > SHIFT))
     return [f"{series.names[s]} (mean {mean[s]:+.1f} σ, spread {spread[s]:.1f}×)"
             for s in torch.nonzero(shifted).flatten().tolist()]
