@@ -134,6 +134,46 @@ def test_rmsnorm_forward_replays_cutagi_main_and_its_gamma_deltas_lack_v(monkeyp
                                case["step0/1.delta_var_w"], rtol=1e-5, atol=1e-7)
 
 
+def _cutagi_split_qkv(mu_p, var_p, batch, steps, heads, kv_heads, head_dim):
+    """cuTAGI main's reading of the (B·T, P) projection buffer: with the strides of a
+    (3, B, T, E) array, zeros past its end (docs/tagi.md, departure 1)."""
+    size = 3 * batch * steps * heads * head_dim
+    parts = []
+    for t in (mu_p, var_p):
+        flat = torch.cat([t.reshape(-1), t.new_zeros(size - t.numel())])
+        parts.append(flat.view(3, batch, steps, heads, head_dim).transpose(2, 3))
+    return tuple((parts[0][i], parts[1][i]) for i in range(3))
+
+
+@pytest.mark.recorded
+def test_attention_forward_replays_cutagi_main_with_its_buffer_layout(monkeypatch):
+    """One position (T = 1), batch 4, Linear → MultiheadAttention(8, 2) → Linear, with the
+    parameters cuTAGI main drew: with cuTAGI's reading of the projection buffer swapped in
+    (departure 1: a batch row's query, key and value come from other rows' projections), the
+    recorded first forward is reproduced to 1e-5; with dptrain's own reading it is not, so
+    the layout is the whole difference in the forward. (Its backward departs further:
+    departures 2-4, not replayed.) Tolerance: float64 here against cuTAGI's float32, which
+    another CPU's kernels cannot break."""
+    from dptrain.tagi import attention as attention_module
+    case = load_case("attn_t1", CUTAGI)
+
+    def forward() -> tuple[np.ndarray, np.ndarray]:
+        net = Sequential(Linear(3, 8), MultiheadAttention(8, 2, 2, use_rope=True,
+                                                          max_seq_len=2048),
+                         Linear(8, 2), dtype=F64)
+        net.load_state_dict({k: torch.as_tensor(case.init[k], dtype=F64).reshape(v.shape)
+                             for k, v in net.state_dict().items()})
+        mu, var = net(torch.as_tensor(case["x0"], dtype=F64))
+        return mu.numpy().ravel(), var.numpy().ravel()
+
+    ours = forward()
+    assert not np.allclose(ours[0], case["step0/out_mu"], rtol=0.1)
+    monkeypatch.setattr(attention_module, "split_qkv", _cutagi_split_qkv)
+    mu, var = forward()
+    np.testing.assert_allclose(mu, case["step0/out_mu"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(var, case["step0/out_var"], rtol=1e-5, atol=1e-7)
+
+
 def test_native_step_declines_networks_with_the_transformer_layers():
     from dptrain.tagi.native import NotNative, check_network
     net = Sequential(Linear(3, 16), MultiheadAttention(4, 2), RMSNorm(4), Linear(16, 2))
