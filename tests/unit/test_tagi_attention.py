@@ -136,7 +136,7 @@ def test_rmsnorm_forward_replays_cutagi_main_and_its_gamma_deltas_lack_v(monkeyp
 
 def _cutagi_split_qkv(mu_p, var_p, batch, steps, heads, kv_heads, head_dim):
     """cuTAGI main's reading of the (B·T, P) projection buffer: with the strides of a
-    (3, B, T, E) array, zeros past its end (docs/tagi.md, departure 1)."""
+    (3, B, T, E) array, zeros past its end (docs/tagi.md, Departures from cuTAGI main: 1)."""
     size = 3 * batch * steps * heads * head_dim
     parts = []
     for t in (mu_p, var_p):
