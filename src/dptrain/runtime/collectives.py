@@ -133,6 +133,24 @@ def guarded(op: str, numel: int, call: Callable[[], T]) -> T:
         count_collective_seconds(time.perf_counter() - started)
 
 
+def as_rank_failure(err: BaseException) -> BaseException:
+    """`err`, or a `RankFailure` for it when it is the communication library's report of a
+    lost peer from a collective that torch runs by itself, outside `guarded`: DDP's gradient
+    all-reduce in backward, FSDP's all-gather in forward. NCCL's and the store's reports are
+    `DistError`s; gloo's are plain RuntimeErrors that cite its transport's source file. Any
+    other error (a user's shape mismatch, say) is left as it is."""
+    if isinstance(err, RankFailure) or not is_initialized():
+        return err
+    if not (isinstance(err, dist.DistError) or
+            (isinstance(err, RuntimeError) and "gloo/transport" in str(err))):
+        return err
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return RankFailure(
+        f"rank {get_rank()} of {get_world_size()}: a collective run by torch (DDP or FSDP) "
+        f"failed: {first}\nHINT: another rank probably raised, died or never reached it; its "
+        f"own output names the cause")
+
+
 def barrier() -> None:
     """Wait for every rank. On gloo a missing rank is named in the error."""
     if not is_initialized():

@@ -43,6 +43,7 @@ from dptrain.data.mixing import Mixing
 from dptrain.errors import ConfigError, RankFailure
 from dptrain.fingerprint import params_sha256
 from dptrain.learners.protocol import Batch, Learner, Metrics
+from dptrain.runtime.collectives import as_rank_failure
 from dptrain.train import checkpoint as ckpt
 from dptrain.train import faults, flops, loggers, resume, rng, steps
 from dptrain.train.early_stopping import EarlyStopping
@@ -310,7 +311,8 @@ class Trainer:
         end with it, however it ends."""
         try:
             return self._fit()
-        except BaseException as failure:
+        except BaseException as raised:
+            failure = as_rank_failure(raised)
             if isinstance(failure, RankFailure) and failure.step is None:
                 failure.step = self.step  # the launcher's one line names it
             # The write in flight is of a good state (a peer failing later does not change
@@ -320,7 +322,9 @@ class Trainer:
             except BaseException as err:  # noqa: BLE001
                 log.warning("the checkpoint being written when the run failed was lost: %s",
                             err)
-            raise
+            if failure is raised:
+                raise
+            raise failure from raised
         finally:
             self._writer.close()
             self.loader.close()
