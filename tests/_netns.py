@@ -57,6 +57,14 @@ class Host:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
+    def connections_to(self, address: str) -> list[str]:
+        """This host's established TCP connections whose far end is `address` (ss's lines)."""
+        listed = subprocess.run(self.cmd("ss", "-Htn", "state", "established"),
+                                capture_output=True, text=True, timeout=20).stdout
+        return [line for line in listed.splitlines() if line.split() and
+                line.split()[-1].rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:") ==
+                address]
+
     def set_link(self, up: bool) -> None:
         """Plug this host's cable in or pull it out: with it down, packets just stop."""
         _check(_ip("-n", self.ns, "link", "set", self.ifname, "up" if up else "down"))
