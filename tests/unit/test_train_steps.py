@@ -1,8 +1,8 @@
 """Steps are first-class (docs/howto/checkpoints.md, Steps and validation points): a run ends
 at a global step, mid-epoch if so; it validates every `val_every` steps on the same
 `val_batches` batches, and best/, early stopping and steps.csv follow those points; a run that
-crashes and resumes ends where an unbroken one ends, steps.csv and all. Also the metrics of
-token data (perplexity, bits per unit, tokens/s, MFU) and the vocabulary a run keeps. One
+crashes and resumes ends where an unbroken one ends, steps.csv and all. Also the metrics a
+model family adds (`MetricExtras`: token data's perplexity, bits per unit, tokens/s, MFU). One
 process here; two, the real SIGKILL and another world size in
 tests/e2e/test_train_steps_cli.py."""
 
@@ -28,6 +28,8 @@ from dptrain.train import checkpoint as ckpt
 from dptrain.learners.torch_learner import TorchLearner
 from dptrain.train.flops import cuda_peak, mfu
 from dptrain.train.options import TrainOptions
+from dptrain.train.extras import MetricExtras
+from dptrain.train.job import metric_extras
 from dptrain.train.steps import language_metrics, samples_seen, validation_indices
 from dptrain.train.trainer import metric_names
 
@@ -55,11 +57,12 @@ def _learner(crash_at: int | None = None, schedule: LrSchedule | None = None):
     return learner
 
 
-def _fit(out: Path, learner=None, split: Split = SPLIT, **config) -> dict:
+def _fit(out: Path, learner=None, split: Split = SPLIT, extras: MetricExtras = MetricExtras(),
+         **config) -> dict:
     config = {"global_batch_size": BATCH, "progress": False, "async_checkpoints": False,
               **config}
     return Trainer(learner or _learner(), split, TrainConfig(out_dir=out, **config),
-                   init_distributed()).fit()
+                   init_distributed(), extras=extras).fit()
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -272,9 +275,10 @@ def _token_split() -> Split:
 def test_token_data_report_perplexity_bits_tokens_per_second_and_mfu(tmp_path):
     learner = _learner()
     learner.module.flops_per_token = lambda: 1.0e4
-    summary = _fit(tmp_path, learner, _token_split(), max_steps=12, val_every=6,
+    split = _token_split()
+    summary = _fit(tmp_path, learner, split, metric_extras(split), max_steps=12, val_every=6,
                    peak_flops=1e9)
-    assert Vocabulary.load(tmp_path / FILE_NAME) == _token_split().vocabulary
+    assert not (tmp_path / FILE_NAME).exists()  # the caller's to write (dptrain.train.job)
     assert summary["vocabulary"] == {"kind": "char", "size": 11, "file": FILE_NAME}
     assert summary["unknown_tokens"] == {"validation": 2, "test": 0}
     assert summary["monitor"] == "val_loss"  # token data: the loss chooses
@@ -294,7 +298,7 @@ def test_token_data_report_perplexity_bits_tokens_per_second_and_mfu(tmp_path):
 def test_the_peak_is_measured_on_this_cpu_when_not_given(tmp_path):
     learner = _learner()
     learner.module.flops_per_token = 5.0e3  # a number does too
-    summary = _fit(tmp_path, learner, _token_split(), max_steps=3)
+    summary = _fit(tmp_path, learner, _token_split(), metric_extras(_token_split()), max_steps=3)
     assert summary["peak_flops"] > 1e6 and summary["peak_flops_source"].startswith("measured")
     assert 0 < summary["mfu"] < 1
 
@@ -303,3 +307,29 @@ def test_data_without_a_vocabulary_report_no_token_metrics(tmp_path):
     summary = _fit(tmp_path, max_steps=3)
     assert not {"tokens_per_s", "mfu", "vocabulary", "val_perplexity"} & set(summary)
     assert not (tmp_path / FILE_NAME).exists()
+
+
+def test_the_trainer_adds_only_the_extras_it_is_given(tmp_path):
+    """The Trainer knows no model family: token data without extras report as any data, and
+    extras report on any data."""
+    learner = _learner()
+    learner.module.flops_per_token = lambda: 1.0e4
+    plain = _fit(tmp_path / "plain", learner, _token_split(), max_steps=3)
+    assert not {"tokens_per_s", "tokens_seen", "mfu", "vocabulary", "val_perplexity"} & \
+        set(plain)
+    assert plain["monitor"] == "val_error"  # the task's: nobody said the loss chooses
+    extras = MetricExtras(unit="pixel", positions_per_sample=4, monitor="loss",
+                          summary={"source": "digits"})
+    summary = _fit(tmp_path / "extras", split=SPLIT, extras=extras, max_steps=3, val_every=3)
+    assert summary["source"] == "digits" and summary["monitor"] == "val_loss"
+    assert summary["tokens_seen"] == 3 * BATCH * 4
+    assert summary["val_bits_per_pixel"] == pytest.approx(summary["val_loss"] / math.log(2))
+    assert "mfu" not in summary  # the model declares no FLOPs
+    assert [r["tokens"] for r in _rows(tmp_path / "extras" / "steps.csv")] == [str(3 * BATCH * 4)]
+
+
+def test_extras_name_a_bare_monitor_and_whole_positions():
+    with pytest.raises(ConfigError, match="val_loss"):
+        MetricExtras(monitor="val_loss")
+    with pytest.raises(ConfigError, match="positions_per_sample"):
+        MetricExtras(positions_per_sample=0)

@@ -27,6 +27,7 @@ import torch
 from dptrain import runtime as dd
 from dptrain.data import Split
 from dptrain.data.config import NO_VALIDATION, DataConfig, load_split, resolve_workers
+from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
 from dptrain.data.loader import fetch_batch
 from dptrain.data.mixing import Mixing
 from dptrain.runtime import (
@@ -56,7 +57,10 @@ from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train import resume
 from dptrain.train.options import TrainOptions, as_saved, run_record
-from dptrain.train.trainer import TrainConfig, Trainer, metric_names, split_monitor
+from dptrain.train.config import TrainConfig
+from dptrain.train.extras import MetricExtras
+from dptrain.train.metric_names import metric_names, split_monitor
+from dptrain.train.trainer import Trainer
 
 
 def run_dir(options: TrainOptions, label: str) -> str:
@@ -125,8 +129,23 @@ def monitor_of(options: TrainOptions, split: Split) -> str:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    monitor = split_monitor(split)
+    monitor = split_monitor(split, metric_extras(split))
     return ema_metric(monitor) if options.ema and monitor else monitor
+
+
+def metric_extras(split: Split) -> MetricExtras:
+    """What the split's model family adds to the Trainer's report: for token data, bits per
+    unit (a character, byte or token), the positions of a window, the vocabulary's summary
+    entries and the loss as the default monitor; nothing for other data."""
+    vocabulary = split.vocabulary
+    if vocabulary is None:
+        return MetricExtras()
+    _, y = fetch_batch(split.train, 0, torch.arange(1))  # one sample's target positions
+    return MetricExtras(
+        unit=vocabulary.unit, positions_per_sample=max(1, y[0].numel()), monitor="loss",
+        summary={"vocabulary": {"kind": vocabulary.kind, "size": vocabulary.size,
+                                "file": VOCABULARY_FILE},
+                 "unknown_tokens": dict(split.unknown_tokens)})
 
 
 def mixing(options: TrainOptions, split: Split) -> Mixing | None:
@@ -184,7 +203,7 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
         parts = ("val", "test") if split.validation is not None else ("test",)
         # each part as it is evaluated: the validation part reports what chooses
         evaluated = {part: learner.end_evaluation(means(tested), part) for part in parts}
-    unit = split.vocabulary.unit if split.vocabulary is not None else None
+    unit = metric_extras(split).unit
     names = [*metric_names(learner.end_training(means(train)), "train", unit),
              *(name for part in parts for name in metric_names(evaluated[part], part, unit))]
     return sorted(set(names))
@@ -194,7 +213,7 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
     """A --monitor the run does not report is refused in one line that lists those it does;
     a test metric too (validation chooses, test reports), but for a run from before
     validation parts that monitored one."""
-    if not options.monitor or options.monitor == split_monitor(split):
+    if not options.monitor or options.monitor == split_monitor(split, metric_extras(split)):
         return
     if options.monitor.startswith("test_") and options.val_size != NO_VALIDATION:
         raise ConfigError(f"--monitor {options.monitor}: the test part is evaluated and "
@@ -284,7 +303,13 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         params = sum(p.numel() for p in model.parameters())
         rank_zero_print(f"model: {params / 1e6:.2f} M parameters, {counted[0] / 1e6:.2f} MFLOP "
                         f"per token to train (forward and backward)")
-    summary = Trainer(learner, split, config, runtime).fit()
+    if get_rank() == 0 and split.vocabulary is not None:
+        # the run's files: moved to the run card
+        vocabulary_file = Path(options.out) / VOCABULARY_FILE
+        if not vocabulary_file.exists():  # generate, init-from and load_run read it
+            vocabulary_file.parent.mkdir(parents=True, exist_ok=True)
+            split.vocabulary.save(vocabulary_file)
+    summary = Trainer(learner, split, config, runtime, extras=metric_extras(split)).fit()
     if summary.get("failed_after_training"):  # the run is whole; what came after it is not
         raise AfterTrainingFailed(
             f"training ended and its checkpoints are whole in {options.out}, but after it "

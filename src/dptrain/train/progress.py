@@ -1,5 +1,5 @@
-"""Rank 0's progress bar: samples/s over all ranks (tokens/s and MFU for token data) and this
-rank's running metrics."""
+"""Rank 0's progress bar: samples/s over all ranks (with positions per sample, as a language
+model's tokens: tokens/s and MFU) and this rank's running metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from dptrain.learners.protocol import Metrics
 
 class Progress:
     def __init__(self, *, total: int, done: int, desc: str, enabled: bool,
-                 tokens_per_sample: int | None = None, mfu_per_token: float | None = None
-                 ) -> None:
+                 positions_per_sample: int | None = None,
+                 mfu_per_position: float | None = None) -> None:
         self.bar = None
-        self.tokens_per_sample, self.mfu_per_token = tokens_per_sample, mfu_per_token
+        self.positions_per_sample = positions_per_sample
+        self.mfu_per_position = mfu_per_position
         self.sums: dict[str, list[float]] = {}
         self.samples = 0
         if enabled:
@@ -37,11 +38,11 @@ class Progress:
         shown = {k: f"{s / c:.4g}" for k, (s, c) in self.sums.items()
                  if c and not k.startswith("_")}
         rates = {"samples_per_s": f"{self.samples / elapsed:.0f}"}
-        if self.tokens_per_sample is not None:
-            tokens_per_s = self.samples * self.tokens_per_sample / elapsed
-            rates["tokens_per_s"] = f"{tokens_per_s:.0f}"
-            if self.mfu_per_token is not None:
-                rates["mfu"] = f"{100 * self.mfu_per_token * tokens_per_s:.1f}%"
+        if self.positions_per_sample is not None:  # shown as summary.json names them
+            per_s = self.samples * self.positions_per_sample / elapsed
+            rates["tokens_per_s"] = f"{per_s:.0f}"
+            if self.mfu_per_position is not None:
+                rates["mfu"] = f"{100 * self.mfu_per_position * per_s:.1f}%"
         self.bar.set_postfix(**rates, **shown, refresh=False)
 
     def close(self) -> None:
