@@ -76,11 +76,17 @@ class _GatedLearner(TorchLearner):
             self.gate.step_starts(self.num_optimizer_steps + 1)
         return super().train_step(batch)
 
-    def _sharded_state(self):
-        state = super()._sharded_state()
-        if self.gate is not None and self.num_optimizer_steps == GATED:
-            state["extra"]["gate"] = self.gate
-        return state
+    def setup(self, runtime):
+        super().setup(runtime)
+        sharded_state = self._state.sharded_state  # what a background save hands the writer
+
+        def gated(steps: int) -> dict:
+            state = sharded_state(steps)
+            if self.gate is not None and steps == GATED:
+                state["extra"]["gate"] = self.gate
+            return state
+
+        self._state.sharded_state = gated
 
 
 def _split() -> Split:

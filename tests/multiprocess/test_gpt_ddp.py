@@ -36,7 +36,8 @@ def _train(rank: int, world_size: int) -> dict[str, torch.Tensor]:
     env = DistEnv(rank=rank, world_size=world_size, local_rank=rank,
                   local_world_size=world_size, node_rank=0, master_addr="127.0.0.1",
                   master_port=0, launcher="env")
-    learner = TorchLearner(_gpt(), torch.nn.CrossEntropyLoss(), ADAMW, max_grad_norm=1.0)
+    learner = TorchLearner(_gpt(), torch.nn.CrossEntropyLoss(), ADAMW, max_grad_norm=1.0,
+                           per_position=True)
     learner.setup(Runtime(env, "gloo", torch.device("cpu"), timedelta(seconds=30)))
     share = 8 // world_size
     for step in range(3):

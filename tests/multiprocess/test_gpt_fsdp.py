@@ -15,7 +15,7 @@ import torch
 
 from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.learners import TorchLearner
-from dptrain.learners.build import checkpoint_blocks, task_loss
+from dptrain.learners.build import task_loss
 from dptrain.learners.gpt import GPT, GPTConfig
 from dptrain.runtime import init_distributed, resolve_env
 from tests._world import run_world
@@ -38,12 +38,13 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.stack([IDS[s + 1:s + BLOCK + 1] for s in starts])
 
 
-def _learner(strategy: str, seed: int = 0) -> TorchLearner:
+def _learner(strategy: str, seed: int = 0, checkpointing: bool = False) -> TorchLearner:
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=VOCAB.size, block_size=BLOCK, layers=1, heads=2,
                           width=8)).double()
     return TorchLearner(model, task_loss("classification"), ADAMW, strategy=strategy,
-                        max_grad_norm=1.0)
+                        max_grad_norm=1.0, per_position=True,
+                        activation_checkpointing=checkpointing)
 
 
 def _train(learner: TorchLearner, steps, rank: int, world_size: int) -> None:
@@ -67,11 +68,11 @@ def _phase(rank: int, world_size: int, load: str | None, save: str, steps: list[
     (--activation-checkpointing), which must change nothing."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        learner = _learner("fsdp", seed)
-        if checkpointing:
-            checkpoint_blocks(learner.module, "torch-gpt")
+        learner = _learner("fsdp", seed, checkpointing)
         learner.setup(_runtime(rank, world_size))
-        units = [type(b).__name__ for b in learner.module.blocks]
+        # each block its FSDP unit; with checkpointing, the unit is the block's wrapper
+        units = [(type(b).__name__, type(getattr(b, "_checkpoint_wrapped_module", b)).__name__)
+                 for b in learner.module.blocks]
         if load:
             learner.load_sharded(Path(load) / "sharded")
         _train(learner, steps, rank, world_size)
@@ -102,7 +103,8 @@ def test_gpt_blocks_shard_and_resume_2_to_1_to_2_processes_as_if_never_stopped(t
     started = run_world(_phase, None, first, [0, 1], 0, True, (2,), world_size=2,
                         timeout_s=120)
     for rank, r in enumerate(started):
-        assert r["units"] == ["FSDPBlock"] and r["root"] == "FSDPGPT", f"rank {rank}: {r}"
+        assert r["units"] == [("FSDPCheckpointWrapper", "Block")] and r["root"] == "FSDPGPT", \
+            f"rank {rank}: {r}"
         assert r["tied"], f"rank {rank}: the output layer lost the embedding's weight"
     middle = _one_process(first, second, [2, 3])
     assert middle["tied"]

@@ -90,7 +90,7 @@ def test_generation_is_the_seed_s_and_greedy_at_temperature_zero():
 
 def _learner(model: nn.Module) -> TorchLearner:
     learner = TorchLearner(model, nn.CrossEntropyLoss(),
-                           functools.partial(torch.optim.AdamW, lr=1e-3))
+                           functools.partial(torch.optim.AdamW, lr=1e-3), per_position=True)
     learner.setup(_runtime())
     return learner
 
@@ -266,7 +266,7 @@ def test_bf16_autocast_trains_the_gpt_close_to_float32():
         torch.manual_seed(0)
         learner = TorchLearner(GPT(SMALL), nn.CrossEntropyLoss(),
                                functools.partial(torch.optim.AdamW, lr=1e-3),
-                               precision=precision)
+                               precision=precision, per_position=True)
         learner.setup(_runtime())
         for step in range(3):
             metrics = learner.train_step((_ids(4, 8, seed=10 + step), _ids(4, 8, seed=20 + step)))
@@ -289,7 +289,8 @@ def test_compile_trains_the_gpt_as_eager_does():
     for compile in (False, True):
         torch.manual_seed(0)
         learner = TorchLearner(GPT(SMALL), nn.CrossEntropyLoss(),
-                               functools.partial(torch.optim.AdamW, lr=1e-3), compile=compile)
+                               functools.partial(torch.optim.AdamW, lr=1e-3), compile=compile,
+                               per_position=True)
         learner.setup(_runtime())
         learners.append(learner)
         losses.append([learner.train_step((_ids(4, 8, seed=10 + step),

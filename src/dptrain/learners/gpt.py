@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 INIT_STD = 0.02
 
@@ -100,9 +99,6 @@ class GPT(nn.Module):
         self.ln_final = nn.LayerNorm(config.width, bias=config.bias)
         self.head = nn.Linear(config.width, config.vocab_size, bias=False)
         self.head.weight = self.token_embedding.weight  # tied: one matrix, both ends
-        self.activation_checkpointing = False
-        """Recompute each block's activations in backward instead of keeping them
-        (torch.utils.checkpoint, non-reentrant): less memory for about a third more compute."""
         self.apply(_init_weights)
         residual_std = INIT_STD / math.sqrt(2 * config.layers)
         for block in self.blocks:
@@ -110,8 +106,9 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.proj.weight, std=residual_std)
 
     def shard_units(self) -> list[nn.Module]:
-        """The submodules FSDP shards one by one before the root (each block's parameters are
-        gathered only while that block runs)."""
+        """The model's blocks: the units `dptrain.learners.parallelize` wraps one by one, each
+        recomputed in the backward with activation checkpointing and sharded by FSDP before the
+        root (its parameters gathered only while it runs). The model applies neither."""
         return list(self.blocks)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -122,10 +119,7 @@ class GPT(nn.Module):
         positions = torch.arange(t, device=ids.device)
         x = self.dropout(self.token_embedding(ids) + self.position_embedding(positions))
         for block in self.blocks:
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+            x = block(x)
         return self.head(self.ln_final(x))
 
     def num_parameters(self) -> int:

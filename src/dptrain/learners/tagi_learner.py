@@ -73,6 +73,10 @@ class TagiLearner:
             the one under which that epoch's training labels were likelier, each scored by the
             forward pass before its update; pytagi's probit until the first epoch ends. It
             changes no update, only the probabilities, and with them the predicted class.
+        per_position: classification only: the targets are one class per position of the
+            input window (a language model's next tokens): (B, T) labels for a (B, T·N) output,
+            position t's N outputs at columns [t·N, (t+1)·N), each position observed, scored
+            and calibrated as a sample of its own (`encode_positions`).
 
     Metrics (sums and counts): `error` (classification) or `mse` (regression, per target
     element), and `log_likelihood` of the targets under the predictive distribution; for
@@ -95,7 +99,7 @@ class TagiLearner:
                  y_scale: torch.Tensor | None = None, heteroscedastic: bool = False,
                  stop_on_collapse: bool = False, hrc_link: Link | Literal["auto"] = "auto",
                  compile: bool | Literal["auto"] = False,
-                 window_scaling: WindowScaling | None = None) -> None:
+                 window_scaling: WindowScaling | None = None, per_position: bool = False) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if heteroscedastic and task != "regression":
@@ -103,6 +107,10 @@ class TagiLearner:
                               "targets")
         if task == "classification" and num_classes is None:
             raise ConfigError("classification needs num_classes")
+        if per_position and task != "classification":
+            raise ConfigError("per_position: one class per position is classification, not "
+                              "regression")
+        self.per_position = per_position
         check_sigma_v_schedule(sigma_v, sigma_v_min, sigma_v_decay)
         self.model, self.task, self.sigma_v, self.average = model, task, sigma_v, average
         self.schedule = {"sigma_v": sigma_v, "sigma_v_min": sigma_v_min,
@@ -211,10 +219,10 @@ class TagiLearner:
         mu, var = net(x)
         metrics = self._metrics(mu, var, y, stats)
         if self.hrc is not None and self.hrc_link == "auto":
-            metrics.update(_link_scores(self._decoders, mu, var, y))
+            metrics.update(_link_scores(self._decoders, mu, var, y, self.per_position))
         noise = self.sigma_v ** 2
         if self.hrc is not None:
-            obs, idx = encode_positions(self.hrc, y, mu.dtype)
+            obs, idx = self._encode(y, mu.dtype)
             self.updater.update_using_indices(net.output_z_buffer, obs, noise, idx,
                                               net.input_delta_z_buffer)
         elif self.heteroscedastic:
@@ -240,14 +248,22 @@ class TagiLearner:
         assert self.compiled is not None
         dtype, noise = self.model.dtype, self.sigma_v ** 2
         if self.hrc is not None:
-            obs, idx = encode_positions(self.hrc, y, dtype)
+            obs, idx = self._encode(y, dtype)
             mu, var = self.compiled(x, obs, noise, idx)
         else:
             mu, var = self.compiled(x, target.to(dtype), noise)
         metrics = self._metrics(mu, var, y, stats)
         if self.hrc is not None and self.hrc_link == "auto":
-            metrics.update(_link_scores(self._decoders, mu, var, y))
+            metrics.update(_link_scores(self._decoders, mu, var, y, self.per_position))
         return metrics
+
+    def _encode(self, y: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hierarchical softmax's observations and their 1-based output indices for the
+        labels: per position (`per_position`), or one per sample."""
+        assert self.hrc is not None
+        if self.per_position:
+            return encode_positions(self.hrc, y, dtype)
+        return self.hrc.encode(y, dtype=dtype)
 
     def eval_step(self, batch: Batch) -> Metrics:
         net = self._ddp()
@@ -264,18 +280,19 @@ class TagiLearner:
             metrics.update(self._series_sums(mu, var, y, getattr(batch, "series", None),
                                              stats))
         else:
-            metrics = _class_metrics(self.hrc, mu, var, y)
+            metrics = _class_metrics(self.hrc, mu, var, y, self.per_position)
             if self.hrc_link == "auto":  # and the other link's: `end_evaluation` chooses
                 metrics.update({f"{_EVAL_LINK_PREFIX}{link}:{name}": value
                                 for link, hrc in self._decoders.items() if hrc is not self.hrc
-                                for name, value in _class_metrics(hrc, mu, var, y).items()})
+                                for name, value in
+                                _class_metrics(hrc, mu, var, y, self.per_position).items()})
         metrics.update(collapse.output_sums(self._bands(mu, var, stats=stats)[0]))
         return metrics
 
     def _metrics(self, mu: torch.Tensor, var: torch.Tensor, y: torch.Tensor,
                  stats: WindowStats | None = None) -> Metrics:
         if self.hrc is not None:
-            return _class_scores(self.hrc, mu, var, y)[2]
+            return _class_scores(self.hrc, mu, var, y, self.per_position)[2]
         y = y.to(mu.dtype)
         mean, epistemic_var, total_var = self._bands(mu, var, y.shape, stats)
         # a missing target (NaN, in time series) counts nowhere, as it updates nothing
@@ -497,11 +514,12 @@ _EVAL_LINK_PREFIX = "_hrc_link_"
 
 def encode_positions(hrc: HRCSoftmax, labels: torch.Tensor, dtype: torch.dtype
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`hrc.encode` of (B,) labels, or of a language model's (B, T) next tokens for its
-    (B, T·N) output, position t's N outputs at columns [t·N, (t+1)·N): (B, T·L) observations
-    and 1-based indices into the whole row, so the update sees one sample per row."""
+    """`hrc.encode` of a language model's (B, T) next tokens for its (B, T·N) output,
+    position t's N outputs at columns [t·N, (t+1)·N): (B, T·L) observations and 1-based
+    indices into the whole row, so the update sees one sample per row."""
     if labels.dim() != 2:
-        return hrc.encode(labels, dtype=dtype)
+        raise ValueError(f"encode_positions: labels (batch, positions) expected, got shape "
+                         f"{tuple(labels.shape)}")
     if labels.numel() and labels.min().item() < 0:
         raise ValueError("a TAGI language model observes every position: targets below 0 "
                          "(ignored positions, -100) are not supported")
@@ -521,51 +539,49 @@ def hrc_probabilities(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor,
     return probs / probs.sum(1, keepdim=True).clamp_min(1e-30) if per_token else probs
 
 
-def by_position(mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
+def by_position(mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor, per_position: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A language model's (B, T·N) output moments and (B, T) labels as B·T samples of N
-    outputs and one label each; other outputs as they are."""
-    if labels.dim() != 2:
+    """With `per_position`, a language model's (B, T·N) output moments and (B, T) labels as
+    B·T samples of N outputs and one label each; else all as they are."""
+    if not per_position:
         return mu, var, labels
     rows = labels.numel()
     return mu.reshape(rows, -1), var.reshape(rows, -1), labels.reshape(-1)
 
 
 def _link_scores(decoders: dict[str, HRCSoftmax], mu: torch.Tensor, var: torch.Tensor,
-                 labels: torch.Tensor) -> Metrics:
+                 labels: torch.Tensor, per_position: bool) -> Metrics:
     """Per link, the log-likelihood of the batch's labels under its class probabilities."""
-    per_token = labels.dim() == 2
-    mu, var, labels = by_position(mu, var, labels)
+    mu, var, labels = by_position(mu, var, labels, per_position)
     n = float(labels.shape[0])
     at = labels.long().reshape(-1, 1)
-    sums = torch.stack([hrc_probabilities(hrc, mu, var, per_token).gather(1, at)
+    sums = torch.stack([hrc_probabilities(hrc, mu, var, per_position).gather(1, at)
                         .clamp_min(1e-12).log().sum()
                         for hrc in decoders.values()]).tolist()  # one device sync for both
     return {f"{_LINK_PREFIX}{link}": (total, n) for link, total in zip(decoders, sums)}
 
 
-def _class_metrics(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
-                   ) -> Metrics:
+def _class_metrics(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor,
+                   per_position: bool) -> Metrics:
     """A classification evaluation's metrics with `hrc`'s class probabilities: error,
     log-likelihood, calibration bins, predicted class counts; for a language model per token,
     and the loss in nats per token (minus the log-likelihood)."""
-    probs, labels, scores = _class_scores(hrc, mu, var, labels)
+    probs, labels, scores = _class_scores(hrc, mu, var, labels, per_position)
     return {**scores, **calibration_sums(probs, labels), **_class_counts(probs)}
 
 
-def _class_scores(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+def _class_scores(hrc: HRCSoftmax, mu: torch.Tensor, var: torch.Tensor, labels: torch.Tensor,
+                  per_position: bool) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
     """(class probabilities, labels, error and log-likelihood sums) of a batch, per token for a
-    language model's (B, T) labels, with its loss in nats per token (minus the
-    log-likelihood)."""
-    per_token = labels.dim() == 2
-    mu, var, labels = by_position(mu, var, labels)
-    probs = hrc_probabilities(hrc, mu, var, per_token)
+    language model's (B, T) labels (`per_position`), with its loss in nats per token (minus
+    the log-likelihood)."""
+    mu, var, labels = by_position(mu, var, labels, per_position)
+    probs = hrc_probabilities(hrc, mu, var, per_position)
     n = float(labels.shape[0])
     wrong = (probs.argmax(1) != labels).sum().item()
     log_lik = probs.gather(1, labels.long().reshape(-1, 1)).clamp_min(1e-12).log().sum().item()
     scores = {"error": (float(wrong), n), "log_likelihood": (log_lik, n)}
-    if per_token:
+    if per_position:
         scores["loss"] = (-log_lik, n)
     return probs, labels, scores
 

@@ -17,56 +17,44 @@ DistributedDataParallel); `strategy="fsdp"` shards parameters, gradients and opt
 FSDP2's `fully_shard`. Both average gradients over ranks, so N ranks with local batch B take the
 same step as one process with batch N*B and a mean loss, provided every rank's batch has the same
 size (the ShardedSampler's train mode guarantees it).
+
+This module is the training step and the evaluation. The wrappers (BatchNorm over the global
+batch, activation checkpointing, torch.compile, FSDP or DDP) are applied from outside the model
+by `dptrain.learners.parallelize`; what checkpoints hold, in each strategy's form, is
+`dptrain.learners.torch_state`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import gc
-import inspect
 import logging
 import math
 import os
 import time
-import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
-from torch.nn.parallel import DistributedDataParallel
 
-from dptrain.runtime import (
-    Runtime,
-    all_gather_object,
-    all_reduce_flat,
-    barrier,
-    broadcast_tensors,
-    count_collective_seconds,
-    get_rank,
-    get_world_size,
-    is_initialized,
-    release_before_shutdown,
-)
 from dptrain.data.datasets.base import IGNORE_INDEX
-from dptrain.errors import CheckpointError, ConfigError, NonFiniteLoss
+from dptrain.errors import ConfigError, NonFiniteLoss
 from dptrain.fingerprint import params_sha256
-from dptrain.learners.batchnorm import AllReduceBatchNorm, convert_sync_batchnorm
-from dptrain.learners.shard_writer import ShardWriter
 from dptrain.learners import calibration
 from dptrain.learners.calibration import calibration_sums
 from dptrain.learners.ema import WeightEma
+from dptrain.learners.parallelize import model_blocks, parallelize, replicated_buffers
 from dptrain.learners.protocol import Batch, Metrics
+from dptrain.learners.schedule import LrSchedule
 from dptrain.learners.series_metrics import PREFIX, pop_series_nrmse, series_sums
+from dptrain.learners.shard_writer import ShardWriter
 from dptrain.learners.torch_config import (
     FP16_DEVICE_TYPES,
-    STATE_FORMAT,
     OptimizerFactory,
     Precision,
     SchedulerFactory,
@@ -75,16 +63,19 @@ from dptrain.learners.torch_config import (
     TorchLearnerConfig,
     resolve_task,
 )
-from dptrain.learners.schedule import LrSchedule
+from dptrain.learners.torch_state import TorchState
+from dptrain.runtime import (
+    Runtime,
+    all_reduce_flat,
+    broadcast_tensors,
+    count_collective_seconds,
+    get_rank,
+    get_world_size,
+    is_initialized,
+    release_before_shutdown,
+)
 
 logger = logging.getLogger(__name__)
-
-_GLOBAL_BATCHNORMS = (nn.SyncBatchNorm, AllReduceBatchNorm)
-# torch 2.13 renamed DDP's broadcast_buffers to forward_sync_buffers (the old name warns).
-_NO_FORWARD_BUFFER_SYNC = (
-    {"forward_sync_buffers": False}
-    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-    else {"broadcast_buffers": False})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +97,15 @@ class TorchLearner:
             build parameter groups.
         scheduler_factory: called with the optimizer; stepped once per optimizer step. Not
             together with `lr_schedule`, which sets the rate itself.
+        per_position: the targets are one class per position of the input window (a language
+            model's next tokens): (B, T, C) logits and (B, T) class ids, each position a
+            sample of the loss, the error and the calibration.
+        activation_checkpointing: recompute each of the model's blocks in the backward instead
+            of keeping its activations (torch's `checkpoint_wrapper` on each block: less
+            memory, about a third more compute, the same numbers).
+        blocks: the model's blocks, the units checkpointed and FSDP-sharded one by one; None:
+            those its `shard_units()` returns, if it has that method (`dptrain.learners.gpt`'s
+            GPT has). `dptrain.learners.parallelize` applies the wrappers.
         Remaining keywords: the fields of `TorchLearnerConfig`.
 
     Collective calls (every rank, same order): `setup`, `train_step`, `save_sharded`,
@@ -127,7 +127,9 @@ class TorchLearner:
                  sync_batchnorm: bool = False, accumulation_steps: int = 1,
                  precision: Precision = "32", max_grad_norm: float | None = None,
                  task: Task = "auto", lr_schedule: LrSchedule | None = None,
-                 ema_decay: float = 0.0, ema_every: int = 1, compile: bool = False) -> None:
+                 ema_decay: float = 0.0, ema_every: int = 1, compile: bool = False,
+                 per_position: bool = False, activation_checkpointing: bool = False,
+                 blocks: Sequence[nn.Module] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not callable(loss_fn) or not callable(optimizer_factory):
@@ -137,6 +139,13 @@ class TorchLearner:
             accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, task=task,
             lr_schedule=lr_schedule, ema_decay=ema_decay, ema_every=ema_every,
             compile=compile)
+        self.blocks = list(blocks) if blocks is not None else model_blocks(model)
+        """The model's blocks (`blocks`), or None: it declares none."""
+        self.activation_checkpointing = activation_checkpointing
+        if activation_checkpointing and not self.blocks:
+            raise ConfigError(f"activation_checkpointing recomputes a model's blocks; "
+                              f"{type(model).__name__} declares none (give blocks, or a "
+                              f"shard_units() method on the model)")
         #: what train_step calls for the forward: the wrapped module, or its torch.compile
         self._train_forward: Callable[[torch.Tensor], Any] | None = None
         self._compile_checked = False  # the compiled forward has run once
@@ -144,6 +153,10 @@ class TorchLearner:
             raise ConfigError("TorchLearner: give lr_schedule or scheduler_factory, not both "
                               "(each would set the learning rate)")
         self.task = resolve_task(loss_fn, self.config.task)
+        if per_position and self.task != "classification":
+            raise ConfigError("per_position: one class per position is classification; this "
+                              "learner's task is regression")
+        self.per_position = per_position
         self.loss_fn = loss_fn
         self._module = model
         self._optimizer_factory = optimizer_factory
@@ -160,7 +173,7 @@ class TorchLearner:
         """The learning rate (first parameter group) of the last optimizer step."""
         self._peak_lrs: list[float] = []
         self._distributed = False
-        self._shard_writer: ShardWriter | None = None  # FSDP over > 1 rank: background saves
+        self._state: TorchState | None = None  # what checkpoints hold, made by setup
         self._replicated_buffers: list[torch.Tensor] = []
         self._last_grad_at = 0.0
         self.calibration: list[dict[str, float]] | None = None  # of the last evaluation
@@ -169,10 +182,13 @@ class TorchLearner:
     def from_config(cls, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor],
                                                              torch.Tensor],
                     optimizer_factory: OptimizerFactory, config: TorchLearnerConfig, *,
-                    scheduler_factory: SchedulerFactory | None = None) -> TorchLearner:
+                    scheduler_factory: SchedulerFactory | None = None,
+                    **options: Any) -> TorchLearner:
+        """`options`: the keywords outside the config (`per_position`,
+        `activation_checkpointing`, `blocks`)."""
         # Not asdict: it would turn the schedule into a dict.
         return cls(model, loss_fn, optimizer_factory, scheduler_factory=scheduler_factory,
-                   **{f.name: getattr(config, f.name) for f in fields(config)})
+                   **{f.name: getattr(config, f.name) for f in fields(config)}, **options)
 
     @property
     def is_sharded(self) -> bool:
@@ -199,7 +215,8 @@ class TorchLearner:
     # -- setup --------------------------------------------------------------------------------
 
     def setup(self, runtime: Runtime) -> None:
-        """Move to `runtime.device`, make replicas identical and wrap; collective."""
+        """Move to `runtime.device`, make replicas identical and wrap
+        (`dptrain.learners.parallelize`); collective."""
         if self._wrapped is not None:
             raise RuntimeError("TorchLearner.setup() was already called")
         device = runtime.device
@@ -209,17 +226,15 @@ class TorchLearner:
                               f"precision='bf16' or '32'")
         self.device = device
         self._distributed = is_initialized() and get_world_size() > 1
-        module = self._module.to(device)
-        if self.config.sync_batchnorm and self._distributed:
-            module = convert_sync_batchnorm(module, device)
-        self._module = module
-        self._wrapped = self._fsdp_wrap(module) if self.is_sharded else self._ddp_wrap(module)
-        if self.is_sharded and self._distributed:
-            self._shard_writer = ShardWriter(runtime.timeout)
+        done = parallelize(self._module, blocks=self.blocks, strategy=self.config.strategy,
+                           compile=self.config.compile,
+                           activation_checkpointing=self.activation_checkpointing,
+                           device=device, distributed=self._distributed,
+                           sync_batchnorm=self.config.sync_batchnorm)
+        module = self._module = done.module
+        self._wrapped, self._train_forward = done.wrapped, done.forward
         if self._wrapped is not module:  # a DDP wrapper: see _drop_wrapper
             release_before_shutdown(functools.partial(_drop_wrapper, weakref.ref(self)))
-        self._train_forward = torch.compile(self._wrapped) if self.config.compile \
-            else self._wrapped
         if self._distributed and not self.is_sharded:
             # DDP all-reduces the gradients inside backward and waits for them at its end: the
             # time from this rank's last gradient to backward's return is time spent on the
@@ -227,9 +242,17 @@ class TorchLearner:
             for param in module.parameters():
                 if param.requires_grad:
                     param.register_post_accumulate_grad_hook(self._grad_ready)
-        self._replicated_buffers = [b for m in module.modules()
-                                    if not isinstance(m, _GLOBAL_BATCHNORMS)
-                                    for b in m.buffers(recurse=False)]
+        self._replicated_buffers = replicated_buffers(module)
+        self._make_optimizer(module)
+        self._state = TorchState(
+            module, self.optimizer, strategy=self.config.strategy, scheduler=self.scheduler,
+            scaler=self.scaler, ema=self.ema,
+            shard_writer=ShardWriter(runtime.timeout)
+            if self.is_sharded and self._distributed else None)
+
+    def _make_optimizer(self, module: nn.Module) -> None:
+        """The optimizer over the wrapped parameters, and what steps with it: the scheduler,
+        the fp16 scaler and the EMA."""
         # Frozen parameters (requires_grad False: --freeze) stay out of the optimizer, as they
         # stay out of DDP's and FSDP's gradient reduction.
         factory = self._optimizer_factory
@@ -250,43 +273,7 @@ class TorchLearner:
         if self._scheduler_factory is not None:
             self.scheduler = self._scheduler_factory(self.optimizer)
         if self.config.precision == "fp16":
-            self.scaler = torch.amp.GradScaler(device.type)
-
-    def _ddp_wrap(self, module: nn.Module) -> nn.Module:
-        if not self._distributed:
-            return module
-        # DDP broadcasts rank 0's parameters here; buffers we broadcast ourselves, because
-        # whether DDP does with its per-forward buffer sync off depends on the torch version.
-        # That sync would re-broadcast buffers before every forward (every micro-batch); we
-        # broadcast the few that can differ once per optimizer step instead (_sync_buffers).
-        with torch.no_grad():
-            broadcast_tensors(list(module.buffers()))
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, **_NO_FORWARD_BUFFER_SYNC)
-
-    def _fsdp_wrap(self, module: nn.Module) -> nn.Module:
-        if not self._distributed:
-            return module
-        from torch.distributed.device_mesh import init_device_mesh
-        try:
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:  # torch < 2.6 kept FSDP2 under its prototype name
-            from torch.distributed._composable.fsdp import fully_shard
-
-        # fully_shard keeps each rank's own slice of its local tensors: make them equal first.
-        with torch.no_grad():
-            broadcast_tensors([*module.parameters(), *module.buffers()])
-        mesh = init_device_mesh(self.device.type, (get_world_size(),))
-        # One FSDP unit per child with parameters (or per unit the model names: a GPT's
-        # blocks): each all-gathers just before it runs and frees after, so peak memory holds
-        # one unsharded unit rather than the whole model. What no unit holds (a GPT's
-        # embeddings and the output layer tied to them) is the root's.
-        units = module.shard_units() if hasattr(module, "shard_units") else \
-            [c for c in module.children() if any(True for _ in c.parameters())]
-        for unit in units:
-            fully_shard(unit, mesh=mesh)
-        fully_shard(module, mesh=mesh)
-        return module
+            self.scaler = torch.amp.GradScaler(self.device.type)
 
     def _require_setup(self) -> nn.Module:
         if self._wrapped is None and self._released:
@@ -425,7 +412,7 @@ class TorchLearner:
         zero and would make a better model look worse next to another ε."""
         if isinstance(self.loss_fn, nn.CrossEntropyLoss) and self.loss_fn.label_smoothing:
             self._check_regression_shapes(out, y)
-            out, y = _per_position(out, y)
+            out, y = self._positions_as_samples(out, y)
             return torch.nn.functional.cross_entropy(out, y, weight=self.loss_fn.weight,
                                                      ignore_index=self.loss_fn.ignore_index)
         return self._loss(out, y)
@@ -438,7 +425,7 @@ class TorchLearner:
             if out is None:
                 metrics.update(calibration_sums(torch.zeros(0, 1), y.new_zeros(0)))
                 return metrics
-            logits, labels = _per_position(out.detach(), y)
+            logits, labels = self._positions_as_samples(out.detach(), y)
             if labels.dim() == 1:
                 kept = labels != IGNORE_INDEX
                 metrics.update(calibration_sums(logits[kept].float().softmax(1), labels[kept]))
@@ -468,8 +455,20 @@ class TorchLearner:
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._check_regression_shapes(out, y)
         if self.task == "classification":
-            out, y = _per_position(out, y)
+            out, y = self._positions_as_samples(out, y)
         return self.loss_fn(out, y)
+
+    def _positions_as_samples(self, out: torch.Tensor, y: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With `per_position`: logits (B, T, C) and targets (B, T) as the (B * T, C) and
+        (B * T,) that a cross-entropy reads; without, both unchanged."""
+        if not self.per_position:
+            return out, y
+        if out.dim() < 3 or out.shape[:-1] != y.shape or y.is_floating_point():
+            raise ValueError(f"per_position: expected logits (batch, positions, classes) and "
+                             f"class ids (batch, positions), got {tuple(out.shape)} and "
+                             f"{tuple(y.shape)} {y.dtype}")
+        return out.reshape(-1, out.shape[-1]), y.reshape(-1)
 
     def _check_regression_shapes(self, out: torch.Tensor, y: torch.Tensor) -> None:
         if self.task == "regression" and out.shape != y.shape:
@@ -488,7 +487,7 @@ class TorchLearner:
         errors or summed squared error) as float64, detached."""
         out = out.detach()
         if self.task == "classification":
-            out, y = _per_position(out, y)
+            out, y = self._positions_as_samples(out, y)
             if y.is_floating_point():
                 labels, kept = (y.argmax(1) if y.shape == out.shape else y), None
             else:
@@ -558,22 +557,17 @@ class TorchLearner:
             with torch.no_grad():
                 broadcast_tensors(self._replicated_buffers)
 
-    # -- state --------------------------------------------------------------------------------
+    # -- state (dptrain.learners.torch_state) ------------------------------------------------
+
+    def _state_after_setup(self) -> TorchState:
+        self._require_setup()
+        assert self._state is not None
+        return self._state
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers as CPU copies under the plain module's names (no `module.`),
         loadable into a non-distributed model of the same architecture. FSDP: collective."""
-        self._require_setup()
-        if self.is_sharded:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_model_state_dict,
-            )
-            state = get_model_state_dict(self._module,
-                                         options=StateDictOptions(full_state_dict=True))
-        else:
-            state = self._module.state_dict()
-        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        return self._state_after_setup().model_state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, scheduler, scaler and step count, unsharded; live tensors as torch's
@@ -583,137 +577,29 @@ class TorchLearner:
         RNG states are not included: the learner owns no generator (dropout and friends draw
         from torch's global one, per rank), so the Trainer saves and restores those per rank.
         """
-        self._require_setup()
-        if self.is_sharded:
-            model, optim, initialized = self._dcp_state(full=True)
-        else:
-            model, optim, initialized = self._module.state_dict(), self.optimizer.state_dict(), True
-        state = {"format": STATE_FORMAT, "strategy": self.config.strategy, "model": model,
-                 "optimizer": optim, "extra": self._extra_state(initialized)}
-        if self.ema is not None:
-            state["ema"] = self.ema_state_dict()
-        return state
+        return self._state_after_setup().state_dict(self.num_optimizer_steps)
 
     def ema_state_dict(self) -> dict[str, torch.Tensor]:
         """The averaged weights, whole tensors under the plain module's names, loadable like
         `model_state_dict()`'s; FSDP: collective (gathers)."""
         if self.ema is None:
             raise RuntimeError("this learner keeps no EMA (ema_decay=0)")
-        return {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
-                .to("cpu", copy=True) for name, t in self.ema.state.items()}
+        return self._state_after_setup().ema_state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (every rank, after `setup`). A `module.` prefix on
         model keys (a DDP-wrapped torch checkpoint) is accepted."""
-        self._require_setup()
-        _check_state(state, self.config.strategy)
-        model = copy.copy(state["model"])  # keeps torch's _metadata (module versions)
-        consume_prefix_in_state_dict_if_present(model, "module.")
-        try:
-            if self.is_sharded:
-                from torch.distributed.checkpoint.state_dict import (
-                    StateDictOptions,
-                    set_state_dict,
-                )
-                set_state_dict(self._module, self.optimizer, model_state_dict=model,
-                               optim_state_dict=state["optimizer"],
-                               options=StateDictOptions(full_state_dict=True))
-            else:
-                self._module.load_state_dict(model)
-                self.optimizer.load_state_dict(state["optimizer"])
-            self._load_ema(state.get("ema"), whole=True)
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"learner state does not fit this model/optimizer: {err}") \
-                from err
-        self._load_extra_state(state["extra"])
-
-    def _load_ema(self, saved: dict[str, torch.Tensor] | None, *, whole: bool) -> None:
-        if (saved is None) != (self.ema is None):
-            raise CheckpointError(f"checkpoint {'has' if saved is not None else 'lacks'} EMA "
-                                  f"weights but this learner "
-                                  f"{'keeps none' if self.ema is None else 'keeps them'} "
-                                  f"(ema_decay)")
-        if self.ema is None:
-            return
-        if whole and self.is_sharded:  # whole tensors into this rank's shards
-            from torch.distributed.tensor import DTensor, distribute_tensor
-            saved = {name: distribute_tensor(saved[name].to(t.device), t.device_mesh,
-                                             t.placements)
-                     if isinstance(t, DTensor) else saved[name]
-                     for name, t in self.ema.state.items() if name in saved}
-        self.ema.load(saved)
+        self.num_optimizer_steps = self._state_after_setup().load_state_dict(state)
 
     def save_sharded(self, path: str | os.PathLike) -> None:
         """Write a torch.distributed.checkpoint (DCP) directory: each rank writes its own shards.
         Collective. Loads on any world size with `load_sharded`. The directory should be new;
         making it appear atomically (temp name, rename, marker) is the caller's job."""
-        self._require_setup()
-        import torch.distributed.checkpoint as dcp
-
-        _run_dcp(dcp.save, self._sharded_state(), path)
-
-    def _sharded_state(self) -> dict[str, Any]:
-        """What `save_sharded` writes: this rank's shards, live (not copies)."""
-        model, optim, initialized = self._dcp_state(full=False)
-        state = {"model": model, "optimizer": optim, "extra": self._extra_state(initialized)}
-        if self.ema is not None:
-            state["ema"] = self.ema.state  # each rank its shards, resharded on load
-        return state
+        self._state_after_setup().save_sharded(path, self.num_optimizer_steps)
 
     def load_sharded(self, path: str | os.PathLike) -> None:
         """Read a `save_sharded` directory, resharding to this world size; collective."""
-        self._require_setup()
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        if not Path(path, ".metadata").is_file():
-            raise CheckpointError(f"{path}: not a sharded checkpoint (no .metadata file)")
-        model, optim, _ = self._dcp_state(full=False)
-        state = {"model": model, "optimizer": optim, "extra": self._extra_state(True)}
-        if self.ema is not None:
-            state["ema"] = self.ema.state  # loaded in place
-        try:
-            _run_dcp(dcp.load, state, path)
-            set_state_dict(self._module, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as err:  # DCP's CheckpointException too
-            raise CheckpointError(f"{path}: sharded checkpoint does not fit this learner: "
-                                  f"{err}") from err
-        self._load_extra_state(state["extra"])
-
-    def _dcp_state(self, *, full: bool) -> tuple[dict, dict, bool]:
-        """Model and optimizer state keyed by parameter name, through torch's distributed
-        state-dict API; also whether the optimizer had state of its own."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        initialized = bool(self.optimizer.state)
-        model, optim = get_state_dict(self._module, self.optimizer,
-                                      options=StateDictOptions(full_state_dict=full))
-        if not initialized:
-            # torch created state with a zero-lr step to know its shapes (Adam's step = 1,
-            # SGD momentum buffers = 0): drop it so training continues exactly as before.
-            self.optimizer.state.clear()
-        return model, optim, initialized
-
-    def _extra_state(self, optimizer_initialized: bool) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                "scaler": self.scaler.state_dict() if self.scaler else None,
-                "num_optimizer_steps": self.num_optimizer_steps,
-                "optimizer_initialized": optimizer_initialized}
-
-    def _load_extra_state(self, extra: dict[str, Any]) -> None:
-        for name, obj in (("scheduler", self.scheduler), ("scaler", self.scaler)):
-            saved = extra.get(name)
-            if (saved is None) != (obj is None):
-                raise CheckpointError(f"checkpoint {'has' if saved is not None else 'lacks'} "
-                                      f"{name} state but this learner "
-                                      f"{'has no' if obj is None else 'has a'} {name}")
-            if obj is not None:
-                obj.load_state_dict(saved)
-        if not extra.get("optimizer_initialized", True):
-            self.optimizer.state.clear()
-        self.num_optimizer_steps = int(extra["num_optimizer_steps"])
-
+        self.num_optimizer_steps = self._state_after_setup().load_sharded(path)
 
     # -- the Trainer's hooks ------------------------------------------------------------------
 
@@ -727,34 +613,17 @@ class TorchLearner:
         With `background` (FSDP over more than one rank), each rank copies its shards to memory
         here and a thread writes them; `checkpoint_written` waits for them. One process holds
         the whole model and no group to write with: it writes here."""
-        if not self.is_sharded:
-            return self.state_dict()
-        shards = Path(directory) / "sharded"
-        if background and self._shard_writer is not None:
-            self._shard_writer.start(self._sharded_state(), shards)
-            return {}
-        barrier()
-        self.save_sharded(shards)
-        barrier()  # every shard is on disk before rank 0 checksums and publishes them
-        return {}
+        return self._state_after_setup().save_checkpoint(directory, self.num_optimizer_steps,
+                                                         background=background)
 
     def checkpoint_written(self) -> None:
         """Block until the shards of the last background `save_checkpoint` are on disk, on
         every rank; raise `CheckpointError` if a rank could not write them."""
-        if self._shard_writer is not None:
-            self._shard_writer.wait()
+        if self._state is not None:
+            self._state.checkpoint_written()
 
     def load_checkpoint(self, state: dict[str, Any], directory: Path) -> None:
-        if not self.is_sharded:
-            self.load_state_dict(state)
-            return
-        shards = Path(directory) / "sharded"
-        blind = [r for r, sees in enumerate(all_gather_object(shards.is_dir())) if not sees]
-        if blind:
-            raise CheckpointError(
-                f"{shards}: rank(s) {blind} cannot see this sharded checkpoint; sharded (FSDP) "
-                f"checkpoints need a run directory on a filesystem every node shares")
-        self.load_sharded(shards)
+        self.num_optimizer_steps = self._state_after_setup().load_checkpoint(state, directory)
 
     @property
     def run_record(self) -> dict[str, Any]:
@@ -796,15 +665,6 @@ def _drop_wrapper(learner_ref: weakref.ref) -> None:
         gc.collect()
 
 
-def _per_position(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits (B, T, C) and targets (B, T), one class per position (a language model), as the
-    (B * T, C) and (B * T,) that a cross-entropy reads; anything else unchanged."""
-    if out.dim() == y.dim() + 1 and out.dim() > 2 and out.shape[:-1] == y.shape \
-            and not y.is_floating_point():
-        return out.reshape(-1, out.shape[-1]), y.reshape(-1)
-    return out, y
-
-
 def _check_batch(batch: Any, *, allow_empty: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise TypeError(f"a batch must be a pair (inputs, targets), got {type(batch).__name__}"
@@ -820,28 +680,3 @@ def _check_batch(batch: Any, *, allow_empty: bool) -> tuple[torch.Tensor, torch.
         raise ValueError("train_step got an empty batch; every rank needs at least one sample "
                          "per step")
     return x, y
-
-
-def _check_state(state: Any, strategy: str) -> None:
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        got = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise CheckpointError(f"not a TorchLearner state (format {STATE_FORMAT} expected, got "
-                              f"{got!r})")
-    missing = {"strategy", "model", "optimizer", "extra"} - state.keys()
-    if missing:
-        raise CheckpointError(f"TorchLearner state lacks {', '.join(sorted(missing))}")
-    if state["strategy"] != strategy:
-        raise CheckpointError(f"state was saved with strategy={state['strategy']!r}, this learner "
-                              f"uses {strategy!r}; exchange models through model_state_dict()")
-
-
-def _run_dcp(fn: Callable[..., Any], state: dict[str, Any], path: str | os.PathLike) -> None:
-    if is_initialized():
-        fn(state, checkpoint_id=path)
-        return
-    with warnings.catch_warnings():
-        # Without a process group DCP warns that it assumes one process: that is the intent.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled",
-                                category=UserWarning)
-        fn(state, checkpoint_id=path, no_dist=True)
-
