@@ -20,11 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import command_line, cpu_model  # noqa: E402
-from tagi_vs_pytagi import BENCH_DIR, git_describe, write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for `common`
+from common import RESULTS, command_line, cpu_model, git_describe, write_json  # noqa: E402
 
-DEFAULT_OUTPUT = BENCH_DIR / "results" / "demo.json"
+DEFAULT_OUTPUT = RESULTS / "demo.json"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,11 +43,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import command_line, cpu_model  # noqa: E402
-from tagi_vs_pytagi import BENCH_DIR, git_describe, write_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for `common`
+from common import RESULTS, command_line, cpu_model, git_describe, write_json  # noqa: E402
 
-DEFAULT_OUTPUT = BENCH_DIR / "results" / "gpu.json"
+DEFAULT_OUTPUT = RESULTS / "gpu.json"
 BATCH = 64
 PYTAGI_PUBLISHED = {"network": "ResNet18", "dataset": "CIFAR-10", "batch_size": 64,
                     "seconds_per_epoch": 142.6, "train_samples": 50_000,

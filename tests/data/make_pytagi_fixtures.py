@@ -42,7 +42,7 @@ tests/data/pytagi_fixtures_lstm.npz, "seq" (Embedding, and SLSTM with pytagi's s
 `seq_cases`) to tests/data/pytagi_fixtures_seq.npz, "layers" (ConvTranspose2d, Softmax and
 ClosedFormSoftmax; see `layer_cases`) to tests/data/pytagi_fixtures_layers.npz.
 
-  bash bench/setup_pytagi.sh      # a venv with the pytagi 0.2.1 wheel
+  bash bench/pytagi/setup_pytagi.sh      # a venv with the pytagi 0.2.1 wheel
   LD_LIBRARY_PATH=$PWD/bench/.venv-pytagi/lib/python3.11/site-packages/nvidia/nccl/lib \
       bench/.venv-pytagi/bin/python tests/data/make_pytagi_fixtures.py \
       tests/data/pytagi_fixtures.npz

@@ -9,7 +9,7 @@ Keys: `label_to_obs/<K>/{labels,obs,obs_idx,num_obs}`, `hrc/<K>/{obs,idx,num_obs
 `mnist/{images,labels,x,y}` (the bytes of a small idx pair and what the reader returns),
 `cifar/{bytes,x,y}`, `state_dict/keys` (one key per line) and `state_dict/<key>/<k>`.
 
-  bash bench/setup_pytagi.sh
+  bash bench/pytagi/setup_pytagi.sh
   LD_LIBRARY_PATH=$(ls -d bench/.venv-pytagi/lib/python3*/site-packages/nvidia/nccl/lib) \
       bench/.venv-pytagi/bin/python tests/data/make_pytagi_helper_fixtures.py
 """

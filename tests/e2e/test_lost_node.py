@@ -4,9 +4,9 @@ network namespaces, tests/_netns.py; one `dptrain train --nnodes 1:2 --nproc 1` 
 A node cut off the network closes no socket: the survivor's collective would wait for the
 process group's timeout (--timeout, 300 s here, the default). The survivor's agent sees the
 node's rendezvous heartbeats stop instead and restarts its worker alone within seconds
-(bench/node_loss.py times it: ~10 s on this machine). The heartbeats are the agents', not the
-workers': a rank that stalls for 12 s (over twice dptrain's 5 s window) makes the other wait in
-its collective, as a long checkpoint write would, and nothing is restarted.
+(bench/distributed/node_loss.py times it: ~10 s on this machine). The heartbeats are the
+agents', not the workers': a rank that stalls for 12 s (over twice dptrain's 5 s window) makes
+the other wait in its collective, as a long checkpoint write would, and nothing is restarted.
 """
 
 from __future__ import annotations

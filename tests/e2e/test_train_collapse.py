@@ -26,8 +26,8 @@ evaluation on any machine."""
 
 @pytest.fixture(scope="module")
 def mnist_dir(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("_digit_files",
-                                                  REPO / "bench" / "_digit_files.py")
+    spec = importlib.util.spec_from_file_location("digit_files",
+                                                  REPO / "bench" / "common" / "digit_files.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.write_mnist_digits(tmp_path_factory.mktemp("mnist"))

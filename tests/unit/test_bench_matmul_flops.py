@@ -13,17 +13,17 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dptrain import tagi
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "pytagi" / "tagi_vs_pytagi.py"
 
 
 def _bench_module():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling _machine.py
+    path = list(sys.path)  # the script puts bench/ on it, for its shared `common` package
     try:
-        spec = importlib.util.spec_from_file_location("tagi_vs_pytagi", BENCH / "tagi_vs_pytagi.py")
+        spec = importlib.util.spec_from_file_location("tagi_vs_pytagi", SCRIPT)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(BENCH))
+        sys.path[:] = path
     return module
 
 

@@ -93,7 +93,7 @@ def test_the_cifar_resnet18_recipe_builds():
 
 
 def test_the_large_batch_benchmarks_recipe_builds():
-    """bench/large_batch.py's large batch: 60,000 images at 512, 118 steps per epoch."""
+    """bench/distributed/large_batch.py's large batch: 60,000 images at 512, 118 steps per epoch."""
     _, learner = _built("large_batch_digits.toml", 60_000, (1, 28, 28), 10)
     schedule = learner.config.lr_schedule
     assert (schedule.peak, schedule.warmup_steps, schedule.milestones, schedule.total_steps) == \

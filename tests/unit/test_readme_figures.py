@@ -430,8 +430,9 @@ def test_forecast_calibration_table_is_forecast_defaults_json():
 
 
 def test_gpt_rows_are_gpt_vs_nanogpt_json():
-    """The README's two torch-gpt rows and the results page's table: bench/gpt_vs_nanogpt.py's
-    record (nanoGPT's own train.py beside dptrain, same data, recipe and threads)."""
+    """The README's two torch-gpt rows and the results page's table:
+    bench/language_models/gpt_vs_nanogpt.py's record (nanoGPT's own train.py beside dptrain,
+    same data, recipe and threads)."""
     result = _load("gpt_vs_nanogpt.json")
     mean = result["mean"]
     assert result["val_loss_target_met"] == (result["whole_val_loss_margin"] <= 0.02)
@@ -449,7 +450,8 @@ def test_gpt_rows_are_gpt_vs_nanogpt_json():
 
 
 def test_tagi_gpt_rows_are_tagi_gpt_json():
-    """The README's tagi-gpt row and the results page's prose: bench/tagi_gpt.py's record."""
+    """The README's tagi-gpt row and the results page's prose:
+    bench/language_models/tagi_gpt.py's record."""
     result = _load("tagi_gpt.json")
     tagi, torch_ = result["runs"]["tagi-gpt_1proc"], result["runs"]["torch-gpt_1proc"]
     assert result["goal_met"] == (tagi["val_ece"] < torch_["val_ece"]
@@ -495,13 +497,13 @@ def test_node_loss_figures_are_their_json():
 
 
 def test_multi_series_table_is_forecast_multi_series_json():
-    """docs/results.md's table of the load files, clean and troubled, is bench/forecast_defaults.py
-    --multi-series' record row for row; and what issue 39 asked of it holds in the record:
-    on the troubled file at the defaults (window scaling chosen on) the ±2σ coverage lies in
-    85-100 % and the ND loses to the seasonal naive's by no more than on the clean file,
-    whichever epoch is used."""
-    spec = importlib.util.spec_from_file_location("forecast_defaults",
-                                                  REPO / "bench" / "forecast_defaults.py")
+    """docs/results.md's table of the load files, clean and troubled, is
+    bench/forecasting/forecast_defaults.py --multi-series' record row for row; and what issue
+    39 asked of it holds in the record: on the troubled file at the defaults (window scaling
+    chosen on) the ±2σ coverage lies in 85-100 % and the ND loses to the seasonal naive's by no
+    more than on the clean file, whichever epoch is used."""
+    spec = importlib.util.spec_from_file_location(
+        "forecast_defaults", REPO / "bench" / "forecasting" / "forecast_defaults.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     results = _load("forecast_multi_series.json")["results"]
@@ -525,7 +527,8 @@ def test_multi_series_table_is_forecast_multi_series_json():
 
 
 def test_tagi_gpt_variants_prose_is_tagi_gpt_variants_json():
-    """The figures docs/results.md quotes from bench/tagi_gpt_variants.py's record."""
+    """The figures docs/results.md quotes from bench/language_models/tagi_gpt_variants.py's
+    record."""
     result = _load("tagi_gpt_variants.json")
     runs = {r["variant"]: r for r in result["runs"]}
     best = min(result["runs"], key=lambda r: r["loss"])

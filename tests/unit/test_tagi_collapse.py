@@ -28,7 +28,8 @@ COLLAPSED_MODEL = f"{Path(__file__).resolve().parents[1] / '_collapsing_model.py
 
 
 def _digit_files():
-    spec = importlib.util.spec_from_file_location("_digit_files", BENCH / "_digit_files.py")
+    spec = importlib.util.spec_from_file_location("digit_files",
+                                                  BENCH / "common" / "digit_files.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

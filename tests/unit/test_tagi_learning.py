@@ -6,7 +6,7 @@ quoted: the errors per seed in test images out of 360 and the coverages in test 
 200. They are exact for the float32 kernels of this project's machines at one thread (the
 conftest's); another CPU's kernels can move a seed by an image, and then the results page and
 these constants are re-measured together. pytagi's errors on the same protocol come from its own run,
-bench/results/pytagi_digits_reference.json (bench/pytagi_digits_reference.py).
+bench/results/pytagi_digits_reference.json (bench/pytagi/pytagi_digits_reference.py).
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ CNN_GAIN = 0.5
 updates drive every unit of the second convolution's ReLU negative for every input, which no
 later update can undo (docs/tagi.md, Collapsed runs). At 0.5: none, and a lower median test
 error. The small-image layout (8x8 digits) never collapsed at gain 1 and learns faster with
-it, so it keeps 1 (bench/tagi_stability.py)."""
+it, so it keeps 1 (bench/tagi/tagi_stability.py)."""
 
 
 def cnn_default_gain(input_shape: tuple[int, ...]) -> float:

@@ -13,8 +13,8 @@ triples) then feeds a network values far outside everything it was trained on, a
 extrapolates badly: on the generated troubled load file (`write_load_csv`), three such meters
 of 30 made the forecast's ND 0.155 against the seasonal naive's 0.057. Scaled by its own
 window, every window looks like the training windows did, whatever the series has become:
-ND 0.045 (bench/forecast_defaults.py --multi-series, docs/results.md). This is reversible
-instance normalisation (Kim et al., ICLR 2022) on TAGI's moments: the window's mean and
+ND 0.045 (bench/forecasting/forecast_defaults.py --multi-series, docs/results.md). This is
+reversible instance normalisation (Kim et al., ICLR 2022) on TAGI's moments: the window's mean and
 spread are computed from the input means and taken as known constants, so the inputs' and
 outputs' moments transform exactly (a shift and a scale).
 

@@ -42,7 +42,7 @@ from dptrain.tagi.states import DeltaStates, HiddenStates
 log = logging.getLogger(__name__)
 
 #: inductor's options for a compiled step on the CPU: the program's glue generated as C++
-#: instead of Python (faster on 4 of the 5 cases of bench/tagi_compiled_step.py).
+#: instead of Python (faster on 4 of the 5 cases of bench/tagi/tagi_compiled_step.py).
 DEFAULT_OPTIONS = {"cpp_wrapper": True}
 
 #: A matrix product of at most this many multiply-adds is generated as loops inside the
@@ -53,7 +53,7 @@ FUSED_MATMUL_MACS = 32768
 #: A program whose step is at most this much work (parameters × batch size, ~ the
 #: multiply-adds of one product) runs on one thread, whatever torch's thread count: its
 #: kernels take microseconds, and on 2 shared cores a second thread's fork and join per
-#: parallel loop cost more than it takes off (bench/tagi_compiled_step.py, --threads 2).
+#: parallel loop cost more than it takes off (bench/tagi/tagi_compiled_step.py, --threads 2).
 SINGLE_THREAD_WORK = 1_000_000
 
 #: With `native=None`, a network the native step does (LSTM, Linear and ReLU stacks, an EvenExp
@@ -61,7 +61,7 @@ SINGLE_THREAD_WORK = 1_000_000
 #: size of the layers it steps as its own loops (`native.loop_work`: not a Linear whose
 #: products go to the BLAS library) × torch's thread count is at most this: the loops run on
 #: one thread, inductor's larger products are multithreaded BLAS calls. Measured
-#: (bench/tagi_compiled_step.py --native, LSTM stacks): on one thread the native step was 5.2x
+#: (bench/tagi/tagi_compiled_step.py --native, LSTM stacks): on one thread the native step was 5.2x
 #: inductor's program on the LSTM example at batch 5 and 1.4x on a two-layer LSTM of 64 at
 #: batch 128 (6.6·10⁶); on 2 threads 3.8x at 0.2·10⁶ (the example at batch 256), 0.91x at
 #: 1.7·10⁶ and 0.77x at 6.6·10⁶.

@@ -63,7 +63,7 @@ class TokenFile:
     resident memory for as long as it is mapped, and the kernel maps them in blocks (64 KiB of
     fault-around, up to a large folio of a freshly written file on a recent kernel), so a
     mapping kept open grows towards the file's size, and one made anew for each window costs
-    ~50 us against a positioned read's ~4 us (measured for bench/tokens_memory.py). The page
+    ~50 us against a positioned read's ~4 us (measured for bench/data/tokens_memory.py). The page
     cache still keeps the file's hot pages in memory, shared, as it would a mapping's.
     """
 
