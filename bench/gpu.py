@@ -65,7 +65,7 @@ def _torch_cnn() -> torch.nn.Module:
 
 def make_step(kind: str, network: str, batch: int, device: torch.device) -> Callable[[], None]:
     """One training step of `kind` ("tagi" | "torch") on `network`, all of it on `device`."""
-    from dptrain.learners.models import ModelOptions, build_model
+    from dptrain.models import ModelOptions, build_model
     from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
 
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ from dptrain.data import ShardedSampler, load_dataset
 from dptrain.data.datasets.synthetic import write_synthetic_image_folder
 from dptrain.data.loader import BatchLoader
 from dptrain.runtime import means, rank_zero_print, reduce_sum_count
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
 from dptrain.tagi.ddp import DDPConfig, DDPSequential
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.tagi import Sequential
 
 

@@ -24,7 +24,7 @@ CALIBRATION_STEPS = 5
 
 def network(name: str, num_outputs: int):
     """FNN 784-128-128-11, or the registry's tagi-cnn on 28x28 (pytagi's MNIST CNN)."""
-    from dptrain.learners.models import build_model
+    from dptrain.models import build_model
     from dptrain.tagi import Linear, ReLU, Sequential
 
     if name == "cnn":

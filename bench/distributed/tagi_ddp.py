@@ -53,7 +53,7 @@ STEPS = {"fnn": 60, "cnn": 25}  # default timed steps: ~0.5-1 s of a 2-rank run 
 
 def _network(network: str, num_outputs: int):
     """FNN 784-128-128-11, or the registry's tagi-cnn on 28x28 (pytagi's MNIST CNN)."""
-    from dptrain.learners.models import build_model
+    from dptrain.models import build_model
     from dptrain.tagi import Linear, ReLU, Sequential
 
     if network == "cnn":

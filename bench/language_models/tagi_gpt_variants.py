@@ -3,7 +3,7 @@ parameters' variances, and tempered updates, each a run of a small tagi-gpt on t
 
     .venv/bin/python bench/language_models/tagi_gpt_variants.py  # writes bench/results/tagi_gpt_variants.json
 
-The network is the registry's tagi-gpt (`dptrain.learners.models.tagi_gpt`: softmax attention
+The network is the registry's tagi-gpt (`dptrain.models.tagi_gpt`: softmax attention
 weights, RoPE, RMSNorm) at width 64, 2 blocks, 4 heads, context 64, on the tiny Shakespeare
 text of bench/language_models/tagi_gpt.py (characters, the last 10 % validated), 12 windows a step, 2000 steps,
 seed 0. Each variant changes one thing about the step a TAGI learner takes:
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from dptrain.learners.models import ModelOptions, tagi_gpt
+from dptrain.models import ModelOptions, tagi_gpt
 from dptrain.learners.tagi_learner import encode_positions
 from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
 

@@ -144,7 +144,7 @@ def tempfile_npz(arrays: dict[str, np.ndarray]) -> Iterator[Path]:
 # ---------------------------------------------------------------------------------- ours
 def tagi_network(network: str, num_outputs: int) -> tagi.Sequential:
     if network == "resnet18":
-        from dptrain.learners.models import ModelOptions, build_model
+        from dptrain.models import ModelOptions, build_model
         return build_model("tagi-resnet18", (3, 32, 32), num_outputs,
                            ModelOptions(gain_weight=0.083, gain_bias=0.083))
     if network == "cnn":

@@ -57,7 +57,7 @@ from dptrain.learners.build import create_learner
 from dptrain.learners.calibration import (calibration_sums, expected_calibration_error,
                                           pop_calibration)
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.tagi import HRCSoftmax, Linear, OutputUpdater, ReLU, Remax, Sequential, manual_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for `common`

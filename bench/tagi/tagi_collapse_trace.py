@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from dptrain.data import load_dataset
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.learners.plots import pyplot
 from dptrain.tagi import HRCSoftmax, OutputUpdater, ReLU, manual_seed
 from dptrain.tagi.base import cap_factor

@@ -63,7 +63,7 @@ def _measure(kind: str, network: str, batch: int, steps: int, width: int, thread
     """In a fresh process: median seconds per step of `kind` ("tagi" | "torch") and the
     process's peak resident memory."""
     torch.set_num_threads(threads)
-    from dptrain.learners.models import ModelOptions, build_model
+    from dptrain.models import ModelOptions, build_model
     from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
 
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ import torch
 
 from dptrain.data import load_dataset
 from dptrain.learners.collapse import SPREAD_TOL
-from dptrain.learners.models import ModelOptions, build_model, cnn_default_gain, image_shape
+from dptrain.models import ModelOptions, build_model, cnn_default_gain, image_shape
 from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for `common`

@@ -243,7 +243,7 @@ def exit_statuses() -> str:
 
 # ------------------------------------------------------------------------------ registries
 def models() -> str:
-    from dptrain.learners.models import MODELS
+    from dptrain.models import MODELS
 
     rows = [[code(s.name), s.kind, prose(s.summary),
              ", ".join(f"{code('--' + k.replace('_', '-'))} {v}" for k, v in s.defaults.items())

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from dptrain.errors import ConfigError
-from dptrain.learners.gpt import sample_tokens
+from dptrain.models.gpt import sample_tokens
 from dptrain.learners.tagi_learner import hrc_probabilities
 
 NEWLINE = "\n"

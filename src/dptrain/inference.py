@@ -13,6 +13,10 @@ decoded: class probabilities (TAGI: with their variance under the network's outp
 distribution), or for regression the predictive mean and variance in the targets' units (torch
 regression models give a mean only). `dptrain predict RUN_DIR --out predictions.csv` writes the
 same as a table.
+
+The run directory alone rebuilds the model (its model card, `dptrain.models.card`): the
+training data and a model file may be gone. Only `load_data()` without a dataset reads the
+run's own data again.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from dptrain.data.loader import fetch_batch
 from dptrain.data.normalisation import from_record, renormalised
 from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
 from dptrain.data.datasets.vocabulary import Vocabulary
-from dptrain.errors import CheckpointError, ConfigError
+from dptrain.data.datasets.registry import SERIES_DATASETS, TOKEN_DATASETS
+from dptrain.errors import CheckpointError, ConfigError, DataError
 from dptrain.generation import TagiLanguageModel, generate_text
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import Forecast, calibrated_test
-from dptrain.learners.user_model import is_model_file, model_file_sha256
+from dptrain.models import DataSpec
+from dptrain.models import card as run_card
+from dptrain.models.user_file import is_model_file, model_file_sha256
 from dptrain.options import pick
 from dptrain.tagi import HRCSoftmax, split_heteros
 from dptrain.train import checkpoint as ckpt
@@ -62,29 +69,62 @@ class Prediction:
 class TrainedRun:
     """The model of one run, with the run's input normalisation and output decoding."""
 
-    def __init__(self, run_dir: Path, checkpoint: Path, record: dict[str, Any], split: Any,
+    def __init__(self, run_dir: Path, checkpoint: Path, record: dict[str, Any], data: DataSpec,
                  model: Any, kind: str, sigma_v: float, hrc_link: str = "probit",
-                 averaged: bool = False) -> None:
+                 averaged: bool = False, split: Any = None, notes: tuple[str, ...] = ()
+                 ) -> None:
         self.run_dir, self.checkpoint, self.model, self.kind = run_dir, checkpoint, model, kind
         self.averaged = averaged
         """The weights are the run's EMA (--ema), not the live ones."""
         self.model_config = pick(ModelConfig, record)
         self.dataset: str = record["dataset"]
-        self.task, self.num_classes = split.task, split.num_classes
-        self.x_norm, self.y_norm = split.x_norm, split.y_norm
+        self.data = data
+        """What the model was built for (`dptrain.models.DataSpec`), from the run's card."""
+        self.task, self.num_classes = data.task, data.num_classes
+        self.x_norm, self.y_norm = data.x_norm, data.y_norm
         self._sigma_v = sigma_v
+        self._record = record
         self._split = split
-        self.vocabulary = split.vocabulary
+        self.vocabulary = data.vocabulary
         """Token data only: the run's Vocabulary (vocabulary.json)."""
-        if kind == "tagi" and split.task == "classification":
-            self.hrc = HRCSoftmax(split.num_classes, link=hrc_link)
+        self.notes = notes
+        """One line each on how the run was loaded: the model file's copy it was built from,
+        or that a run from before model cards read its data again."""
+        if kind == "tagi" and data.task == "classification":
+            self.hrc = HRCSoftmax(data.num_classes, link=hrc_link)
 
     # --------------------------------------------------------------------------------- data
     def load_data(self, spec: str | None = None):
-        """The run's dataset (or `spec`, a dataset spelling of `dptrain.data.load_dataset`)."""
-        if spec is None:
+        """The run's dataset, read again with the run's data options (it must still be where
+        the run found it); or `spec`, a dataset spelling of `dptrain.data.load_dataset`, read
+        with the run's options where it is of the run's kind (an image folder's image size; a
+        time series' lookback and protocol, token data's block size and vocabulary), so that
+        the model sees inputs as it was trained on them."""
+        if spec is None and self._split is not None:
             return self._split
-        return load_dataset(spec)
+        config = dataclasses.replace(pick(DataConfig, self._record), augment="off")
+        kind = config.dataset.partition(":")[0]
+        if spec is not None and kind not in (*SERIES_DATASETS, *TOKEN_DATASETS):
+            # data of the run's kind read as the run read its own (an image folder's size)
+            same_kind = spec.partition(":")[0] == kind
+            return load_dataset(spec, **(config.loader_options() if same_kind else {}))
+        config = config if spec is None else dataclasses.replace(config, dataset=spec)
+        try:
+            split = load_split(config, seed=self._record.get("seed", 0),
+                               vocabulary=self.vocabulary)
+        except (ConfigError, DataError) as err:
+            if spec is not None:
+                raise
+            raise type(err)(f"{self.run_dir}: its data {self.dataset} cannot be read ({err}); "
+                            f"the model needs only the inputs: pass them (predict --data "
+                            f"DATASET)") from None
+        return model_split(self.model_config, split)
+
+    def examples(self) -> torch.Tensor:
+        """Raw inputs of the run's test part (a text without one: of its validation part), as
+        the run kept them (up to 512): what `dptrain export` checks its graph on."""
+        kept = run_card.read_examples(self.run_dir) if self._split is None else None
+        return kept if kept is not None else run_card.raw_examples(self.load_data())
 
     # ---------------------------------------------------------------------------- predicting
     def normalise(self, raw: torch.Tensor) -> torch.Tensor:
@@ -160,7 +200,7 @@ class TrainedRun:
         `max_new_tokens` tokens it samples after it, as text (`dptrain.generation`); the same
         `seed` gives the same text. `report` receives the one-line note of a prompt longer
         than the context (its last block is kept)."""
-        block_size = self._split.input_shape[0]
+        block_size = self.data.input_shape[0]
         model = self.model
         if self.vocabulary is not None and self.kind == "tagi" and self.hrc is not None:
             model = TagiLanguageModel(self.model, self.hrc, block_size)
@@ -174,11 +214,12 @@ class TrainedRun:
                              top_k=top_k, seed=seed, report=report)
 
     @torch.no_grad()
-    def forecast(self) -> Forecast:
+    def forecast(self, split: Any = None) -> Forecast:
         """A TAGI time-series run: the recursive forecast of its test part under the run's
         protocol (data units, the observation noise in the variance, scaled as chosen on the
-        validation part), as the run reported it in summary.json."""
-        series = self._split.series
+        validation part), as the run reported it in summary.json; of `split`'s test part
+        (`load_data(spec)`) where given, else of the run's own data."""
+        series = (split if split is not None else self.load_data()).series
         if series is None or self.kind != "tagi":
             raise ConfigError(f"{self.run_dir}: forecasts are for TAGI models trained on a "
                               f"time series (--dataset sine, seasonal, series:PATH.csv); this "
@@ -244,9 +285,10 @@ def load_run(run_dir: str | Path, *, which: str = "best", ema: bool = True) -> T
     """The trained model of a `dptrain train` run directory (see the module docstring): the
     EMA of its weights when the run kept one (`ema=False`: the live weights).
 
-    The run's dataset is read again (for its normalisation and shapes), so it must still be
-    where the run found it; a model file (`--model PATH.py:FUNCTION`) must still hold the same
-    code (its hash is in the run's record).
+    The run alone rebuilds it: its model card (`dptrain.models.card`) holds the model's
+    configuration and the data's shape, normalisation and vocabulary, and a copy of a model
+    file (`--model PATH.py:FUNCTION`). A run written before model cards reads its dataset
+    again, which must still be where the run found it, and says so in `notes`.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -256,45 +298,73 @@ def load_run(run_dir: str | Path, *, which: str = "best", ema: bool = True) -> T
     if not record:
         raise CheckpointError(f"{found.path}: no record of the options that built this run "
                               f"(written by a Trainer outside dptrain train?)")
+    learner = _learner_state(found)
     model_config = pick(ModelConfig, record)
-    digest = found.meta.get("run_record", {}).get("model_sha256")
-    if is_model_file(model_config.model) and digest is not None:
-        if model_file_sha256(model_config.model) != digest:
-            path = model_config.model.rpartition(":")[0]
-            raise CheckpointError(f"{path} changed since the run was trained (sha256 differs "
-                                  f"from the run's record): the checkpoint may not fit it")
+    card = run_card.read(run_dir)
+    if card is not None:
+        data, split, notes = card.data, None, ()
+        if card.model_file is not None:
+            model_config = dataclasses.replace(model_config,
+                                               model=card.model_file.spec_in(run_dir))
+            notes = (card.model_file.said(),)
+    else:
+        split = _data_of_a_run_without_card(run_dir, found, record, model_config)
+        data = DataSpec.of(split)
+        notes = (f"{run_dir} was written before runs kept their model card: its data "
+                 f"({record['dataset']}) were read again to rebuild the model",)
+    model, kind = create_model(model_config, data, seed=record.get("seed", 0),
+                               dataset=record["dataset"])
+    # A run with EMA kept the averaged weights as its model: monitored, best/, used here.
+    averaged = learner.get("ema") if ema else None
+    weights = dict(averaged or learner["model"])
+    if kind == "torch":
+        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
+    model.load_state_dict(weights)
+    sigma_v, hrc_link = _decoding(kind, learner, record)
+    return TrainedRun(run_dir, found.path, record, data, model, kind, sigma_v, hrc_link,
+                      averaged=bool(averaged), split=split, notes=notes)
+
+
+def _learner_state(found: ckpt.Checkpoint) -> dict[str, Any]:
     state = found.load_state()
     if not state.get("learner") and (found.path / "sharded").is_dir():
         # FSDP: its shards, of whatever world size wrote them, read whole in this process
         state["learner"] = {"model": ckpt.sharded_model_weights(found.path / "sharded")}
     if not state.get("learner"):
         raise CheckpointError(f"{found.path}: holds no learner state")
-    seed = record.get("seed", 0)
+    return state["learner"]
+
+
+def _decoding(kind: str, learner: dict[str, Any], record: dict[str, Any]) -> tuple[float, str]:
+    """The σ_v and class-probability link the run decoded with at that checkpoint; pytagi's
+    probit for a checkpoint written before the link could be chosen."""
+    sigma_v = pick(LearnerConfig, record).sigma_v
+    saved_sigma = learner.get("sigma_v") if kind == "tagi" else None
+    if saved_sigma is not None:
+        sigma_v = saved_sigma["current"]
+    return sigma_v, (learner.get("hrc_link") if kind == "tagi" else None) or "probit"
+
+
+def _data_of_a_run_without_card(run_dir: Path, found: ckpt.Checkpoint, record: dict[str, Any],
+                                model_config: ModelConfig) -> Any:
+    """A run from before model cards: its data read again (and its model file checked
+    against the run's record of it)."""
+    digest = found.meta.get("run_record", {}).get("model_sha256")
+    if is_model_file(model_config.model) and digest is not None:
+        if model_file_sha256(model_config.model) != digest:
+            path = model_config.model.rpartition(":")[0]
+            raise CheckpointError(f"{path} changed since the run was trained (sha256 differs "
+                                  f"from the run's record): the checkpoint may not fit it")
     data_config = dataclasses.replace(pick(DataConfig, record), augment="off")
     # token data: the ids the model was trained on (a fine-tuned run's are its source's)
     vocabulary = (Vocabulary.load(run_dir / VOCABULARY_FILE)
                   if (run_dir / VOCABULARY_FILE).is_file() else None)
-    split = model_split(model_config, load_split(data_config, seed=seed,
+    split = model_split(model_config, load_split(data_config, seed=record.get("seed", 0),
                                                  vocabulary=vocabulary))
     kept = found.meta.get("run_record", {}).get("init_normalisation")
     if kept is not None:  # started from another run: trained in that run's input space
         split = renormalised(split, *from_record(kept))
-    model, kind = create_model(model_config, split, seed=seed, dataset=record["dataset"])
-    # A run with EMA kept the averaged weights as its model: monitored, best/, used here.
-    averaged = state["learner"].get("ema") if ema else None
-    weights = dict(averaged or state["learner"]["model"])
-    if kind == "torch":
-        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
-    model.load_state_dict(weights)
-    sigma_v = pick(LearnerConfig, record).sigma_v
-    saved_sigma = state["learner"].get("sigma_v") if kind == "tagi" else None
-    if saved_sigma is not None:
-        sigma_v = saved_sigma["current"]
-    # the class-probability link the run decoded with at that checkpoint; pytagi's probit for
-    # a checkpoint written before the link could be chosen
-    hrc_link = (state["learner"].get("hrc_link") if kind == "tagi" else None) or "probit"
-    return TrainedRun(run_dir, found.path, record, split, model, kind, sigma_v, hrc_link,
-                      averaged=bool(averaged))
+    return split
 
 
 def write_forecast(path: str | Path, forecast: Forecast, series: Any) -> None:

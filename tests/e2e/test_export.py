@@ -13,7 +13,7 @@ import torch
 
 from dptrain.cli.main import main
 from dptrain.errors import ExportError
-from dptrain.export import RunGraph, check, raw_inputs_of
+from dptrain.export import RunGraph, check
 from dptrain.inference import load_run
 from tests._cli import base_env, dptrain_cmd, run
 
@@ -129,7 +129,7 @@ def test_an_export_that_differs_from_the_live_model_fails_naming_the_output(runs
     run = load_run(runs / "tagi")
     run.model.eval()
     graph = RunGraph(run)
-    raw = raw_inputs_of(run.load_data())
+    raw = run.examples()
 
     def off(x: torch.Tensor) -> dict[str, torch.Tensor]:
         probs, mu, var = graph(x)

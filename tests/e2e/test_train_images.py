@@ -16,7 +16,7 @@ import torch
 
 from dptrain.cli.main import main
 from dptrain.inference import load_run
-from dptrain.learners.user_model import model_file_sha256
+from dptrain.models.user_file import model_file_sha256
 from dptrain.data.datasets.synthetic import write_synthetic_cifar10, write_synthetic_mnist
 from tests._cli import dptrain_cmd, run
 

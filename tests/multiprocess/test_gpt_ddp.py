@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dptrain.learners import TorchLearner
-from dptrain.learners.gpt import GPT, GPTConfig
+from dptrain.models.gpt import GPT, GPTConfig
 from dptrain.runtime import DistEnv, Runtime
 from tests._world import run_world
 

@@ -16,7 +16,7 @@ import torch
 from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.learners import TorchLearner
 from dptrain.learners.build import task_loss
-from dptrain.learners.gpt import GPT, GPTConfig
+from dptrain.models.gpt import GPT, GPTConfig
 from dptrain.runtime import init_distributed, resolve_env
 from tests._world import run_world
 from tests.multiprocess.test_torch_learner import _runtime

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.learners.tagi_learner import encode_positions
 from dptrain.runtime import DDPConfig
 from dptrain.tagi import HRCSoftmax, OutputUpdater, manual_seed

@@ -14,8 +14,10 @@ from torch.nn import functional as F
 from dptrain.cli.main import main
 from dptrain.errors import ConfigError
 from dptrain.learners import TorchLearner, parallelize
-from dptrain.learners.build import checkpoint_blocks
-from dptrain.learners.gpt import GPT, GPTConfig
+from dptrain.data import load_dataset
+from dptrain.learners.build import create_learner
+from dptrain.learners.config import LearnerConfig, ModelConfig
+from dptrain.models.gpt import GPT, GPTConfig
 from dptrain.runtime import DistEnv, Runtime
 
 
@@ -67,7 +69,9 @@ def test_the_blocks_are_wrapped_from_outside_and_keep_their_names():
 def test_a_model_without_blocks_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^--activation-checkpointing: recomputes a model's "
                                           r"blocks; torch-mlp has none"):
-        checkpoint_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)), "torch-mlp")
+        create_learner(ModelConfig(model="torch-mlp"),
+                       LearnerConfig(activation_checkpointing=True), load_dataset("blobs"),
+                       seed=0)
 
 
 @pytest.mark.parametrize("model", ["torch-mlp", "tagi-mlp"])

@@ -10,7 +10,7 @@ from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.errors import ConfigError, DataError
 from dptrain.generation import encode_prompt, generate_text
 from dptrain.inference import load_run
-from dptrain.learners.gpt import GPT, GPTConfig
+from dptrain.models.gpt import GPT, GPTConfig
 
 TEXT = "to be, or not to be: that is the question.\n" * 4
 

@@ -18,7 +18,7 @@ from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.errors import ConfigError, DataError
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.gpt import GPT, GPTConfig
+from dptrain.models.gpt import GPT, GPTConfig
 from dptrain.learners.torch_learner import TorchLearner
 from dptrain.runtime import DistEnv, Runtime
 

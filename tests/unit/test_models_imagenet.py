@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dptrain.errors import ConfigError
-from dptrain.learners.models import ModelOptions, build_model, check_input
+from dptrain.models import ModelOptions, build_model, check_input
 from dptrain.tagi import AvgPool2d, Conv2d
 
 

@@ -12,7 +12,7 @@ from dptrain.runtime import init_distributed
 from dptrain.learners.build import create_learner, task_loss
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.lars import Lars
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.learners.optim import OptimizerSpec, param_groups
 from dptrain.learners.torch_learner import TorchLearner
 

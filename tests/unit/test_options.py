@@ -12,7 +12,7 @@ from dptrain.cli.train import accepted_keys
 from dptrain.data import accepted_names
 from dptrain.errors import ConfigError
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import MODELS
+from dptrain.models import MODELS
 from dptrain.options import field_docs, flag
 from dptrain.train.options import COMPONENTS, RESUMABLE_OPTIONS, TrainOptions
 

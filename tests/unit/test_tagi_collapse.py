@@ -19,7 +19,7 @@ from dptrain.errors import TrainingCollapsed
 from dptrain.learners import collapse
 from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import build_model
+from dptrain.models import build_model
 from dptrain.train.trainer import TrainConfig, Trainer
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -45,7 +45,7 @@ def mnist_digits(tmp_path_factory):
 def _fit(split, out: Path, model: str, seed: int, epochs: int = 1, **learner) -> dict:
     torch.set_num_threads(1)
     built = create_learner(ModelConfig(model=model), LearnerConfig(**learner), split, seed=seed)
-    config = TrainConfig(out_dir=out, num_epochs=epochs, seed=seed, progress=False,
+    config = TrainConfig(out_dir=out, epochs=epochs, seed=seed, progress=False,
                          async_checkpoints=False)
     return Trainer(built, split, config, init_distributed()).fit()
 
@@ -108,7 +108,7 @@ def test_regression_runs_do_not_warn(dataset, model, heteroscedastic, tmp_path, 
     split = load_dataset(dataset)
     built = create_learner(ModelConfig(model=model, heteroscedastic=heteroscedastic),
                            LearnerConfig(), split, seed=0)
-    config = TrainConfig(out_dir=tmp_path, num_epochs=2, progress=False, monitor="test_mse",
+    config = TrainConfig(out_dir=tmp_path, epochs=2, progress=False, monitor="test_mse",
                          async_checkpoints=False)
     summary = Trainer(built, split, config, init_distributed()).fit()
     assert summary["collapse"] is None

@@ -16,7 +16,7 @@ from dptrain.errors import ConfigError
 from dptrain.learners.build import create_learner
 from dptrain.learners.calibration import NUM_BINS, PREFIX
 from dptrain.learners.config import LearnerConfig, ModelConfig
-from dptrain.learners.models import ModelOptions, build_model
+from dptrain.models import ModelOptions, build_model
 from dptrain.learners.tagi_learner import TagiLearner, encode_positions, hrc_probabilities
 from dptrain.runtime import DistEnv, Runtime
 from dptrain.tagi import HRCSoftmax, Linear, ReLU, Sequential, manual_seed, native

@@ -69,7 +69,7 @@ def test_the_run_record_holds_every_option_but_the_resumable_ones(tmp_path):
 
 
 def test_a_model_file_is_identified_by_its_content(tmp_path):
-    from dptrain.learners.user_model import model_file_sha256
+    from dptrain.models.user_file import model_file_sha256
 
     model = tmp_path / "net.py"
     model.write_text("def build(): ...\n")
@@ -116,7 +116,7 @@ def test_resume_never_in_a_directory_with_checkpoints_refuses_and_deletes_nothin
 def _fit(out: Path, hidden: int, **config) -> dict:
     manual_seed(0)
     learner = TagiLearner(tagi_mlp(64, 11, hidden=hidden), task="classification", num_classes=10)
-    config = {"num_epochs": 1, "global_batch_size": 64, "progress": False, **config}
+    config = {"epochs": 1, "batch_size": 64, "progress": False, **config}
     return Trainer(learner, load_digits(), TrainConfig(out_dir=out, **config),
                    init_distributed()).fit()
 
@@ -126,11 +126,11 @@ def test_library_users_get_the_same_rule(tmp_path):
     out = tmp_path / "lib"
     _fit(out, 16, run_record={"width": 16})
     with pytest.raises(CheckpointError, match=r"different options: width 16 -> 8 "):
-        _fit(out, 8, num_epochs=2, run_record={"width": 8})
+        _fit(out, 8, epochs=2, run_record={"width": 8})
     with pytest.raises(CheckpointError, match=r"model parameters \(names, shapes, dtypes\)"):
-        _fit(out, 8, num_epochs=2, run_record={"width": 16})  # the record lies; shapes do not
+        _fit(out, 8, epochs=2, run_record={"width": 16})  # the record lies; shapes do not
     with pytest.raises(CheckpointError, match=r"different options: batch-size 64 -> 32 "):
-        _fit(out, 16, num_epochs=2, global_batch_size=32, run_record={"width": 16})
+        _fit(out, 16, epochs=2, batch_size=32, run_record={"width": 16})
     meta = json.loads((ckpt.list_steps(out / "checkpoints")[0] / "meta.json").read_text())
     assert meta["run_record"]["width"] == 16
-    assert _fit(out, 16, num_epochs=2, run_record={"width": 16})["resumed_from"]
+    assert _fit(out, 16, epochs=2, run_record={"width": 16})["resumed_from"]

@@ -4,6 +4,7 @@ against the live model when written (the logic: `dptrain.export`)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from dptrain.export import FORMATS, export_run
 
@@ -33,6 +34,8 @@ def export_command(args: argparse.Namespace) -> int:
     out = args.out or f"model.{args.format}"
     written = export_run(args.run_dir, args.format, out, which=args.which, ema=args.ema)
     meta = written.metadata
+    for note in written.notes:
+        print(f"dptrain export: {note}", file=sys.stderr)
     checked = ", ".join(f"{k} {v:.3g}" for k, v in meta["checked"].items()
                         if k != "batch_sizes")
     # a language model's sequence length is dynamic too: checked at two (keys b7x8, b7x5)

@@ -37,6 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def generate_command(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, which=args.checkpoint)
+    for note in run.notes:
+        print(f"dptrain generate: {note}", file=sys.stderr)
     text = run.generate(args.prompt, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                         report=lambda note: print(f"dptrain generate: {note}", file=sys.stderr))

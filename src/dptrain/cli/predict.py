@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-
+import sys
 from typing import Any
 
 from dptrain.errors import ConfigError
@@ -21,7 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="a run directory, or a file written by dptrain export (.pt2, .onnx)")
     p.add_argument("--data", metavar="DATASET",
                    help="a dataset spelling as for dptrain train --dataset (default: the run's "
-                        "own); its test part is predicted")
+                        "own, read again); its test part is predicted (a time series' and "
+                        "token data with the run's own options: lookback, protocol, block size)")
     p.add_argument("--part", choices=("test", "train"), default="test",
                    help="which part of the data to predict (default: test)")
     p.add_argument("--checkpoint", choices=("best", "last"), default="best",
@@ -35,16 +36,17 @@ def predict_command(args: argparse.Namespace) -> int:
     if args.run_dir.endswith((".pt2", ".onnx")):
         return exported_command(args)
     run = load_run(args.run_dir, which=args.checkpoint)
+    for note in run.notes:
+        print(f"dptrain predict: {note}", file=sys.stderr)
     if run.vocabulary is not None:
         raise ConfigError(f"{args.run_dir}: {run.model_config.model} is a language model, which "
                           f"predicts a token at every position, more than predict's one row "
                           f"per sample holds: use dptrain generate (text) or dptrain export "
                           f"(the probabilities)")
-    series = run.load_data().series
-    # a torch model gives no variance to feed back: its windows are predicted one by one
-    if series is not None and run.kind == "tagi" and args.data is None and args.part == "test":
-        return forecast_command(run, series, args.out)
     split = run.load_data(args.data)
+    # a torch model gives no variance to feed back: its windows are predicted one by one
+    if split.series is not None and run.kind == "tagi" and args.part == "test":
+        return forecast_command(run, split, args.out, args.data)
     prediction = run.predict_split(split, args.part)
     write_predictions(args.out, prediction, run.task)
     print(f"dptrain predict: {len(prediction.mean)} {args.part} samples of "
@@ -76,14 +78,15 @@ def shown(prediction: Any, task: str) -> str:
     return ""
 
 
-def forecast_command(run: TrainedRun, series: Any, out: str) -> int:
+def forecast_command(run: TrainedRun, split: Any, out: str, data: str | None) -> int:
     """A time-series run: the recursive forecast of its test part, one row per series and
     time step."""
-    forecast = run.forecast()
+    series = split.series
+    forecast = run.forecast(split)
     write_forecast(out, forecast, series)
     seen = forecast.observed == forecast.observed  # not NaN
     rmse = ((forecast.mean - forecast.observed)[seen] ** 2).mean().sqrt().item()
     print(f"dptrain predict: forecast of {forecast.mean.shape[1]} test step(s) of "
-          f"{len(series.names)} series of {run.dataset} with {run.checkpoint}, rmse "
+          f"{len(series.names)} series of {data or run.dataset} with {run.checkpoint}, rmse "
           f"{rmse:.4g} -> {out}")
     return 0

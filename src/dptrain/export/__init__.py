@@ -30,8 +30,8 @@ file `FILE.json` beside it says what goes in and comes out.
 from dptrain.export.check import check, load_exported, metadata_path, read_metadata
 from dptrain.export.graph import RunGraph, output_names
 from dptrain.export.predict import predict_exported
-from dptrain.export.write import FORMATS, Written, export_run, raw_inputs_of
+from dptrain.export.write import FORMATS, Written, export_run
 
 __all__ = ["FORMATS", "RunGraph", "Written", "check", "export_run", "load_exported",
-           "metadata_path", "output_names", "predict_exported", "raw_inputs_of",
+           "metadata_path", "output_names", "predict_exported",
            "read_metadata"]

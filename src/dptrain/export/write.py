@@ -37,19 +37,19 @@ from dptrain.export.graph import (
     engine_caches,
     refuse_recurrent,
 )
-from dptrain.inference import TrainedRun, load_run, raw_inputs
+from dptrain.inference import TrainedRun, load_run
 from dptrain.options import pick
 from dptrain.train import checkpoint as ckpt
 
 FORMATS = ("pt2", "onnx")
-CHECKED_SAMPLES = 512
-"""Test samples on which TAGI class agreement is checked."""
 
 
 @dataclass(frozen=True)
 class Written:
     path: Path
     metadata: dict[str, Any]
+    notes: tuple[str, ...] = ()
+    """How the run was loaded (`TrainedRun.notes`)."""
 
 
 def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "best",
@@ -68,10 +68,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
     # Traced on a copy: tracing may leave a tracer's tensors in a TAGI network's buffers,
     # and the check runs the live model after it.
     traced = RunGraph(run, copy.deepcopy(run.model)).eval()
-    split = run.load_data()
-    raw = raw_inputs_of(split)
-    if graph.outputs == LOGITS and split.test is None:  # text without a test part
-        raw = _windows(split.validation)
+    raw = run.examples()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
@@ -94,23 +91,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path, *, which: str = "
     meta_tmp = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
     meta_tmp.write_text(json.dumps(metadata, indent=1))
     os.replace(meta_tmp, meta_path)
-    return Written(out, metadata)
-
-
-def raw_inputs_of(split: Any) -> torch.Tensor:
-    """The test part's inputs in the data's own units (the first CHECKED_SAMPLES)."""
-    test = split.test
-    if hasattr(test, "x"):
-        return raw_inputs(test, split.x_norm)[:CHECKED_SAMPLES]
-    samples = [test[i][0] for i in range(min(len(test), CHECKED_SAMPLES))]
-    x = torch.stack(samples)
-    return split.x_norm.invert(x) if split.x_norm is not None else x
-
-
-def _windows(dataset: Any) -> torch.Tensor:
-    """A language model's check inputs where its data has no test part: validation windows
-    (they choose nothing here)."""
-    return torch.stack([dataset[i][0] for i in range(min(len(dataset), CHECKED_SAMPLES))])
+    return Written(out, metadata, run.notes)
 
 
 def _dynamic_shapes(graph: RunGraph, example: torch.Tensor) -> tuple[dict, ...]:
@@ -168,30 +149,22 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"[:200]
 
 
-def class_names(split: Any) -> list[str] | None:
-    """An image folder's class folder names, else the class ids; None for regression."""
-    if split.num_classes is None:
-        return None
-    files = getattr(split.test, "files", None)
-    named = getattr(files, "classes", None)
-    return list(named) if named else [str(c) for c in range(split.num_classes)]
-
-
 def _metadata(run: TrainedRun, fmt: str, outputs: tuple[str, ...], which: str,
               checks: dict[str, float]) -> dict[str, Any]:
     weights = run.model.state_dict()
-    split = run.load_data()
+    shape = run.data.input_shape
     language_model = outputs == LOGITS
-    inputs = {"shape": ["batch", "seq"], "dtype": "int64", "max_seq": split.input_shape[0],
+    inputs = {"shape": ["batch", "seq"], "dtype": "int64", "max_seq": shape[0],
               "units": "token ids of the vocabulary below"} if language_model else \
-        {"shape": ["batch", *split.input_shape], "dtype": "float32",
+        {"shape": ["batch", *shape], "dtype": "float32",
          "units": "raw (the data's own)"}
     return {
         "format": fmt, "inputs": {"x": inputs},
         "outputs": list(outputs), "task": run.task, "kind": run.kind,
-        "class_names": None if language_model else class_names(split),
+        "class_names": None if language_model or run.data.class_names is None
+        else list(run.data.class_names),
         "vocabulary": run.vocabulary.to_json() if language_model else None,
-        "input_shape": list(split.input_shape),
+        "input_shape": list(shape),
         "normalisation": as_record(run.x_norm, run.y_norm),
         "probability_rule": ("hierarchical softmax of the output moments (docs/"
                              "finetune_export.md)" if run.kind == "tagi" and run.num_classes else None),

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from dptrain.data import Split
+from dptrain.data import Split, steps_per_epoch
 from dptrain.data.datasets.registry import SERIES_DATASETS
 from dptrain.data.datasets.series import with_series_ids
 from dptrain.errors import ConfigError
@@ -37,21 +36,20 @@ from dptrain.learners.config import (
     milestones,
     refuse_torch_options,
 )
-from dptrain.learners.models import Kind, ModelOptions, build_model
-from dptrain.learners.models import MODELS, TAGI_MODELS, check_input, get_model, num_outputs
+from dptrain.models import DataSpec, Kind, ModelOptions, ModelSpec, build_model
+from dptrain.models import MODELS, check_input, family_blocks, get_model, num_outputs
+from dptrain.models.data_spec import input_dtype
 from dptrain.learners.optim import OptimizerSpec
+from dptrain.learners.parallelize import model_blocks
 from dptrain.learners.schedule import LrSchedule, scaled_lr
 from dptrain.learners.tagi_learner import TagiLearner
+from dptrain.learners.targets import per_position_targets
 from dptrain.learners.torch_config import OptimizerFactory
 from dptrain.learners.torch_learner import TorchLearner
 from dptrain.learners.window_scaling import WindowScaling
 from dptrain.learners.window_scaling import choose as choose_window_scaling
-from dptrain.learners.user_model import is_model_file, load_user_model
+from dptrain.models.user_file import is_model_file, load_user_model
 from dptrain.tagi import manual_seed
-
-HETEROSCEDASTIC_TAGI_MODELS = ("tagi-mlp", "tagi-lstm")
-"""Built-in TAGI models with a (mean, noise) output pair per target; model files may have it."""
-
 
 SERIES_OPTIONS = frozenset({"lookback", "horizon", "test_size", "season", "forecast_every",
                             "time_features", "covariates"})
@@ -74,83 +72,92 @@ def model_split(config: ModelConfig, split: Split) -> Split:
     return with_series_ids(split) if config.series_embedding else split
 
 
-def create_model(config: ModelConfig, split: Split, *, seed: int,
+def create_model(config: ModelConfig, data: DataSpec | Split, *, seed: int,
                  dataset: str | None = None) -> tuple[Any, Kind]:
-    """(model, kind) sized for `split`, initialised from `seed` (the same on every rank).
+    """(model, kind) sized for `data` (a split, or the `DataSpec` a run kept of it),
+    initialised from `seed` (the same on every rank).
 
     Every mismatch between model, options and data is a one-line ConfigError; `dataset` is the
-    data's name in those lines (default: the split's).
+    data's name in those lines (default: the data's own).
     """
-    dataset = dataset or split.name
-    classification = split.task == "classification"
-    if config.heteroscedastic and classification:
+    data = data if isinstance(data, DataSpec) else DataSpec.of(data)
+    dataset = dataset or data.name
+    if config.heteroscedastic and data.task == "classification":
         raise ConfigError(f"--heteroscedastic is for regression; dataset {dataset} is a "
                           f"classification task")
-    if (config.heteroscedastic and config.model in TAGI_MODELS
-            and config.model not in HETEROSCEDASTIC_TAGI_MODELS):
-        raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
-                          f"tagi-mlp, tagi-lstm or your own model file have it, "
-                          f"{config.model} does not")
-    num_targets = None if classification else split.output_dim
     if is_model_file(config.model):
-        built = load_user_model(config.model, split.input_shape, task=split.task,
-                                input_dtype=input_dtype(split),
-                                num_classes=split.num_classes, num_targets=num_targets,
-                                seed=seed, heteroscedastic=config.heteroscedastic)
-        model, kind = built.model, built.kind
-        if kind == "tagi" and config.precision == "64":
-            model.to(torch.float64)
+        model, kind = _user_model(config, data, seed)
     else:
-        kind = get_model(config.model).kind
-        _check_token_data(config.model, split, dataset)
-        try:
-            check_input(config.model, split.input_shape)
-        except ConfigError as err:
-            raise ConfigError(f"dataset {dataset}: {err}") from None
+        spec = get_model(config.model)
+        _check_heteroscedastic(config, spec)
+        _check_data(spec, data, dataset)
         torch.manual_seed(seed)
         manual_seed(seed)
-        width = num_outputs(kind, split.task, split.num_classes, num_targets)
-        model = build_model(config.model, split.input_shape, width,
-                            _sized_options(config, split, dataset))
+        width = num_outputs(spec.kind, data.task, data.num_classes, data.num_targets)
+        model, kind = build_model(config.model, data.input_shape, width,
+                                  _sized_options(config, data, dataset)), spec.kind
     _check_kind_options(config, kind)
     return model, kind
 
 
-def _check_token_data(model: str, split: Split, dataset: str) -> None:
-    """Token windows go to a language model and a language model takes nothing else."""
-    language_model = get_model(model).takes_tokens
-    if language_model and split.vocabulary is None:
-        raise ConfigError(f"dataset {dataset}: {model} is a language model; it trains on "
+def _user_model(config: ModelConfig, data: DataSpec, seed: int) -> tuple[Any, Kind]:
+    built = load_user_model(config.model, data.input_shape, task=data.task,
+                            input_dtype=data.input_dtype, num_classes=data.num_classes,
+                            num_targets=data.num_targets, seed=seed,
+                            heteroscedastic=config.heteroscedastic)
+    if built.kind == "tagi" and config.precision == "64":
+        built.model.to(torch.float64)
+    return built.model, built.kind
+
+
+def _check_heteroscedastic(config: ModelConfig, spec: ModelSpec) -> None:
+    """A TAGI model is heteroscedastic where its family builds a (mean, noise) output pair
+    per target; a model file may have one too."""
+    if config.heteroscedastic and spec.kind == "tagi" \
+            and "heteroscedastic" not in spec.option_names:
+        with_pairs = [n for n, s in MODELS.items()
+                      if s.kind == "tagi" and "heteroscedastic" in s.option_names]
+        raise ConfigError(f"--heteroscedastic needs a (mean, noise) output pair per target: "
+                          f"{', '.join(with_pairs)} or your own model file have it, "
+                          f"{config.model} does not")
+
+
+def _check_data(spec: ModelSpec, data: DataSpec, dataset: str) -> None:
+    """Token windows go to a language model and a language model takes nothing else; then the
+    family's own check of the input shape, and the data kinds it takes."""
+    if spec.takes_tokens and data.vocabulary is None:
+        raise ConfigError(f"dataset {dataset}: {spec.name} is a language model; it trains on "
                           f"token data (text:PATH or tokens:DIR)")
-    if split.vocabulary is not None and not language_model:
+    if data.vocabulary is not None and not spec.takes_tokens:
+        language_models = [n for n, s in MODELS.items() if s.takes_tokens]
         raise ConfigError(f"dataset {dataset}: windows of token ids need a language model "
-                          f"(--model torch-gpt or tagi-gpt) or your own model file; {model} "
-                          f"is not one")
+                          f"(--model {' or '.join(language_models)}) or your own model file; "
+                          f"{spec.name} is not one")
+    try:
+        check_input(spec.name, data.input_shape)
+    except ConfigError as err:
+        raise ConfigError(f"dataset {dataset}: {err}") from None
+    if not spec.family.data & data.kinds:
+        raise ConfigError(f"dataset {dataset}: model {spec.name} takes "
+                          f"{' or '.join(sorted(spec.family.data))}; the dataset's inputs "
+                          f"{tuple(data.input_shape)} are {' or '.join(sorted(data.kinds))}")
 
 
-def input_dtype(split: Split) -> torch.dtype:
-    """The dtype of the split's inputs (int64 for token ids), from its first sample."""
-    x = getattr(split.train, "x", None)
-    if isinstance(x, torch.Tensor):
-        return x.dtype
-    return torch.as_tensor(split.train[0][0]).dtype
-
-
-def _sized_options(config: ModelConfig, split: Split, dataset: str) -> ModelOptions:
-    """The builder's options, with the values per time step of a series with covariates and
-    the number of series of an embedded series id."""
+def _sized_options(config: ModelConfig, data: DataSpec, dataset: str) -> ModelOptions:
+    """The builder's options, with the vocabulary's size, the values per time step of a series
+    with covariates and the number of series of an embedded series id."""
     options = config.builder_options()
-    if split.vocabulary is not None:
-        options = dataclasses.replace(options, vocab_size=split.num_classes)
-    if split.series is not None:
-        options = dataclasses.replace(options, num_features=split.series.num_features)
+    if data.vocabulary is not None:
+        options = dataclasses.replace(options, vocab_size=data.num_classes)
+    if data.series is not None:
+        options = dataclasses.replace(options, num_features=data.series.num_features)
     if not config.series_embedding:
         return options
-    if split.series is None or not split.series.with_ids:
+    if data.series is None or not data.series.with_ids:
         raise ConfigError(f"dataset {dataset}: --series-embedding needs windows that carry "
                           f"their series id (a time series split through model_split or "
                           f"with_series_ids)")
-    return dataclasses.replace(options, num_series=len(split.series.names))
+    return dataclasses.replace(options, num_series=len(data.series.names))
 
 
 def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
@@ -166,13 +173,14 @@ def _check_kind_options(config: ModelConfig, kind: Kind) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunLength:
     """What a learning-rate schedule is laid over: the global batch and the epochs, or the
-    steps of a run counted in steps (then warmup, lr-step-size and milestones count steps)."""
+    steps of a run counted in steps (then warmup, lr-step-size and milestones count steps).
+    Its fields are `dptrain.train.options.FitOptions`' of the same names."""
 
     batch_size: int
     epochs: int
     max_steps: int | None = None
     """The run's length in global steps (--max-steps), which then replaces epochs."""
-    decay_steps: int | None = None
+    lr_decay_steps: int | None = None
     """Where cosine, linear and wsd reach min-lr (--lr-decay-steps); None: max_steps."""
 
 
@@ -190,8 +198,11 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
         raise ConfigError(f"window-scaling on is for TAGI models, whose forecasts it scales; "
                           f"{model_config.model} is a torch model")
     _refuse_missing_targets(split, model_config.model, dataset or split.name)
-    if learner_config.activation_checkpointing:
-        checkpoint_blocks(model, model_config.model)
+    blocks = family_blocks(model_config.model, model) or model_blocks(model)
+    if learner_config.activation_checkpointing and not blocks:
+        raise ConfigError(f"--activation-checkpointing: recomputes a model's blocks; "
+                          f"{model_config.model} has none (torch-gpt has; a model family "
+                          f"declares them, a module of your own with shard_units())")
     if (learner_config.mixup or learner_config.cutmix) \
             and not input_dtype(split).is_floating_point:
         raise ConfigError(f"dataset {dataset or split.name}: --mixup and --cutmix blend "
@@ -199,18 +210,8 @@ def create_learner(model_config: ModelConfig, learner_config: LearnerConfig, spl
                           f"blended")
     schedule = lr_schedule(learner_config, len(split.train), run)
     return torch_learner(model, learner_config, split.task, model_config.precision,
-                         schedule=schedule)
-
-
-def checkpoint_blocks(model: nn.Module, name: str) -> None:
-    """--activation-checkpointing: the model recomputes each block in the backward. A model
-    says it can with an `activation_checkpointing` attribute it honours in its forward and its
-    blocks from `shard_units()` (torch-gpt; a model file's module may too)."""
-    if not (hasattr(model, "activation_checkpointing") and hasattr(model, "shard_units")):
-        raise ConfigError(f"--activation-checkpointing: recomputes a model's blocks; {name} "
-                          f"has none (torch-gpt has; a model of your own declares them with "
-                          f"shard_units() and an activation_checkpointing attribute)")
-    model.activation_checkpointing = True
+                         schedule=schedule, per_position=per_position_targets(split),
+                         blocks=blocks)
 
 
 def _refuse_missing_targets(split: Split, model: str, dataset: str) -> None:
@@ -240,7 +241,8 @@ def window_scaling(config: ModelConfig, split: Split, dataset: str) -> WindowSca
 def tagi_learner(model: Any, config: LearnerConfig, split: Split,
                  heteroscedastic: bool = False, scaling: WindowScaling | None = None
                  ) -> TagiLearner:
-    """A TAGI network's learner: σ_v schedule, data-parallel mode, metrics in data units."""
+    """A TAGI network's learner: σ_v schedule, data-parallel mode, metrics in data units, and
+    per position for the split's targets that are one class per position (token data)."""
     y_scale = split.y_norm.std if split.y_norm is not None else None
     return TagiLearner(model, task=split.task, num_classes=split.num_classes,
                        sigma_v=config.sigma_v, sigma_v_min=config.sigma_v_min,
@@ -248,14 +250,19 @@ def tagi_learner(model: Any, config: LearnerConfig, split: Split,
                        y_scale=y_scale, heteroscedastic=heteroscedastic,
                        stop_on_collapse=config.stop_on_collapse, hrc_link=config.hrc_link,
                        compile={"on": True, "off": False}.get(config.compile, "auto"),
-                       window_scaling=scaling)
+                       window_scaling=scaling, per_position=per_position_targets(split))
 
 
 def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
-                  precision: str = "32", *, schedule: LrSchedule | None = None) -> TorchLearner:
+                  precision: str = "32", *, schedule: LrSchedule | None = None,
+                  per_position: bool = False, blocks: list[nn.Module] | None = None
+                  ) -> TorchLearner:
     """A torch module's learner: the task's loss, the optimizer with its decay groups, the
     schedule, and BatchNorm over the global batch when the model has BatchNorm (each rank's
-    share alone would be a smaller batch than the one the model is trained for)."""
+    share alone would be a smaller batch than the one the model is trained for).
+    `per_position`: the targets are one class per position of the input window (token
+    data: `dptrain.learners.targets.per_position_targets`); `blocks`: the model's blocks, which
+    activation checkpointing and FSDP wrap (None: the model's own `shard_units()`)."""
     if config.label_smoothing and task != "classification":
         raise ConfigError(f"label-smoothing is for classification; this dataset is a {task} "
                           f"task")
@@ -270,13 +277,9 @@ def torch_learner(model: nn.Module, config: LearnerConfig, task: str,
                         sync_batchnorm=has_batchnorm(model),
                         max_grad_norm=config.clip_grad_norm or None, lr_schedule=schedule,
                         ema_decay=config.ema, ema_every=config.ema_every,
-                        compile=config.compile == "on")
-
-
-def steps_per_epoch(num_train: int, batch_size: int) -> int:
-    """Optimizer steps of one epoch of a torch learner: its last global batch is padded to
-    equal shards, so the same number on any world size."""
-    return math.ceil(num_train / batch_size)
+                        compile=config.compile == "on", per_position=per_position,
+                        activation_checkpointing=config.activation_checkpointing,
+                        blocks=blocks)
 
 
 def peak_lr(config: LearnerConfig, batch_size: int) -> float:
@@ -295,7 +298,9 @@ def lr_schedule(config: LearnerConfig, num_train: int, run: RunLength | None
     if run is None:
         raise ConfigError("a learning-rate schedule, warmup or lr scaling needs the run's "
                           "global batch and epochs (create_learner(..., run=RunLength(...)))")
-    per_epoch = steps_per_epoch(num_train, run.batch_size)
+    # The sampler's count of global batches, the same on any world size (one process taking
+    # the whole global batch).
+    per_epoch = steps_per_epoch(num_train, 1, run.batch_size)
     total = per_epoch * run.epochs if run.max_steps is None else run.max_steps
     # A run counted in steps counts its schedule in steps (nanoGPT's warmup_iters).
     unit = config.schedule_unit if run.max_steps is None else "steps"
@@ -318,7 +323,7 @@ def lr_schedule(config: LearnerConfig, num_train: int, run: RunLength | None
                       step_size=steps(config.lr_step_size) if config.schedule == "step" else 0,
                       milestones=tuple(steps(m) for m in marks), decay=config.lr_decay,
                       wsd_decay=config.wsd_decay,
-                      decay_steps=run.decay_steps if run.max_steps is not None else None)
+                      decay_steps=run.lr_decay_steps if run.max_steps is not None else None)
 
 
 def task_loss(task: str, label_smoothing: float = 0.0) -> nn.Module:

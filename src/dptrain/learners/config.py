@@ -17,11 +17,11 @@ from typing import Literal
 import torch
 
 from dptrain.errors import ConfigError
-from dptrain.learners.models import MODELS, TAGI_MODELS, TORCH_MODELS, ModelOptions
+from dptrain.models import ModelOptions, check_model_options, kind_of, model_names
 from dptrain.learners.optim import check_optimizer
 from dptrain.learners.schedule import LR_SCALINGS, SCHEDULES
 from dptrain.learners.tagi_learner import check_sigma_v_schedule
-from dptrain.learners.user_model import is_model_file
+from dptrain.models.user_file import is_model_file
 from dptrain.options import bad_value, check_at_least, cli, flag, resumable
 
 PRECISIONS = ("32", "64", "bf16", "fp16")
@@ -73,30 +73,25 @@ class ModelConfig:
     spread over 3 times the training one)."""
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS and not is_model_file(self.model):
-            raise bad_value(self, "model", f"one of {', '.join(MODELS)}, or PATH.py:FUNCTION")
+        if kind_of(self.model) is None and not is_model_file(self.model):
+            raise bad_value(self, "model", f"one of {', '.join(model_names())}, or "
+                                           f"PATH.py:FUNCTION")
         if self.precision not in PRECISIONS:
             raise bad_value(self, "precision", f"one of {', '.join(PRECISIONS)}")
-        if self.model in TAGI_MODELS and self.precision not in ("32", "64"):
+        if kind_of(self.model) == "tagi" and self.precision not in ("32", "64"):
             raise ConfigError(f"precision {self.precision} is for torch models; TAGI takes 32 "
                               f"or 64")
-        if self.heteroscedastic and self.model in TORCH_MODELS:
+        if self.heteroscedastic and kind_of(self.model) == "torch":
             raise ConfigError(f"heteroscedastic is for TAGI models; {self.model} is a torch "
                               f"model")
-        if self.model in TORCH_MODELS and self.precision == "64":
+        if kind_of(self.model) == "torch" and self.precision == "64":
             raise ConfigError("precision 64 is for TAGI models; torch models take 32, bf16, fp16")
         check_at_least(self, ("hidden", "width", "layers", "heads"), 1)
-        if self.model in ("torch-gpt", "tagi-gpt") and self.width % self.heads:
-            raise ConfigError(f"{self.model}: width {self.width} is not a multiple of heads "
-                              f"{self.heads} (each head takes width / heads of it)")
         check_at_least(self, ("series_embedding",), 0)
-        if self.series_embedding and self.model != "tagi-lstm":
-            raise ConfigError(f"series-embedding is for the tagi-lstm model, not {self.model}")
         if not 0.0 <= self.dropout < 1.0:
             raise bad_value(self, "dropout", "a probability in [0, 1)")
-        if self.dropout and self.model not in ("torch-mlp", "torch-gpt"):
-            raise ConfigError(f"dropout is for the torch-mlp and torch-gpt models, not "
-                              f"{self.model}")
+        if kind_of(self.model) is not None:
+            check_model_options(self.model, self.builder_options())
         if self.gain < 0 or self.gain_bias < 0:
             raise ConfigError(f"gain and gain-bias must be > 0 (or 0 for the model's default), "
                               f"got {self.gain} and {self.gain_bias}")
@@ -107,7 +102,7 @@ class ModelConfig:
         return torch.float64 if self.precision == "64" else torch.float32
 
     def builder_options(self) -> ModelOptions:
-        """What the registry's builders take (`dptrain.learners.models`)."""
+        """What the registry's builders take (`dptrain.models`)."""
         return ModelOptions(hidden=self.hidden, dropout=self.dropout, width=self.width,
                             gain_weight=self.gain or None, gain_bias=self.gain_bias or None,
                             dtype=self.dtype, heteroscedastic=self.heteroscedastic,

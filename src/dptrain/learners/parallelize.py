@@ -9,7 +9,7 @@
 
 The model holds none of this. It only says which submodules are its blocks, the repeated units
 that are checkpointed and sharded one by one, with a `shard_units()` method (`GPT` in
-`dptrain.learners.gpt` returns its transformer blocks; a model of your own may declare its
+`dptrain.models.gpt` returns its transformer blocks; a model of your own may declare its
 blocks the same way). `parallelize` applies, in torchtitan's order:
 
 1. global-batch BatchNorm (`sync_batchnorm`, more than one rank): `convert_sync_batchnorm`;

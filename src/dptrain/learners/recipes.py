@@ -5,7 +5,7 @@
     model_factory, loss_fn, optimizer_factory = get_recipe("torch-cnn")
     learner = make_learner("torch-cnn", precision="bf16")   # a TorchLearner, not yet set up
 
-A recipe is a model of `dptrain.learners.models` (the one registry) sized for the digits, with
+A recipe is a model of `dptrain.models` (the one registry) sized for the digits, with
 the loss, optimiser and BatchNorm policy of `dptrain.learners.build`, so it trains as `dptrain
 train --model NAME` does. The models take inputs shaped (B, 64) or (B, 1, 8, 8), as
 `dptrain.data.load_digits` gives them, and output (B, 10) logits for `CrossEntropyLoss`.
@@ -20,13 +20,14 @@ from torch import nn
 
 from dptrain.errors import ConfigError
 from dptrain.learners.build import adam, has_batchnorm, task_loss
-from dptrain.learners.models import MODELS, TORCH_MODELS, ModelOptions, build_model
+from dptrain.models import MODELS, ModelOptions, build_model
 from dptrain.learners.torch_config import OptimizerFactory
 from dptrain.learners.torch_learner import TorchLearner
 
 DIGITS_SHAPE = (1, 8, 8)
 NUM_CLASSES = 10
-RECIPES = tuple(name for name in TORCH_MODELS if not MODELS[name].takes_tokens)
+RECIPES = tuple(name for name, spec in MODELS.items()
+                if spec.kind == "torch" and not spec.takes_tokens)
 """The recipe names: the registry's torch models that take images (not the language model)."""
 
 

@@ -104,7 +104,7 @@ class TorchLearner:
             of keeping its activations (torch's `checkpoint_wrapper` on each block: less
             memory, about a third more compute, the same numbers).
         blocks: the model's blocks, the units checkpointed and FSDP-sharded one by one; None:
-            those its `shard_units()` returns, if it has that method (`dptrain.learners.gpt`'s
+            those its `shard_units()` returns, if it has that method (`dptrain.models.gpt`'s
             GPT has). `dptrain.learners.parallelize` applies the wrappers.
         Remaining keywords: the fields of `TorchLearnerConfig`.
 
@@ -631,7 +631,7 @@ class TorchLearner:
         return {"sharded_checkpoint": self.is_sharded}
 
     def flops_per_token(self) -> tuple[float, torch.dtype] | None:
-        """The module's own `flops_per_token` (a method or a number; `dptrain.learners.gpt`
+        """The module's own `flops_per_token` (a method or a number; `dptrain.models.gpt`
         has one) and the dtype of its products: autocast's, else its parameters'."""
         found = getattr(self._module, "flops_per_token", None)
         value = found() if callable(found) else found

@@ -32,6 +32,7 @@ from dptrain.data.datasets.vocabulary import Vocabulary
 from dptrain.data.normalisation import as_record, from_record, renormalised
 from dptrain.errors import CheckpointError, ConfigError
 from dptrain.fingerprint import params_sha256
+from dptrain.models import card as run_card
 from dptrain.options import cli, pick
 from dptrain.train import checkpoint as ckpt
 
@@ -120,23 +121,31 @@ def resolve(spec: str) -> Source:
         raise CheckpointError(f"--init-from {spec}: {found.path} holds no model weights")
     return Source(spec=spec, checkpoint=found.path, step=found.step, kind=kind,
                   model=options.get("model", "?"), weights=weights,
-                  normalisation=source_normalisation(found.meta, options),
+                  normalisation=source_normalisation(found.path, found.meta, options),
                   vocabulary=source_vocabulary(found.path))
 
 
 def source_vocabulary(checkpoint: Path) -> Vocabulary | None:
     """The vocabulary of the run that wrote `checkpoint` (RUN/checkpoints/NAME), if it has
     one: a language model's."""
+    card = run_card.read(checkpoint.parent.parent)
+    if card is not None:
+        return card.data.vocabulary
     path = checkpoint.parent.parent / VOCABULARY_FILE
     return Vocabulary.load(path) if path.is_file() else None
 
 
-def source_normalisation(meta: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+def source_normalisation(checkpoint: Path, meta: dict[str, Any], options: dict[str, Any]
+                         ) -> dict[str, Any]:
     """The normalisation the source was trained in: its own source's when it was started from
-    another run, else that of its dataset, read again."""
+    another run, else its run's model card's; a run from before model cards reads its data
+    again for it."""
     kept = (meta.get("run_record") or {}).get("init_normalisation")
     if kept is not None:
         return kept
+    card = run_card.read(checkpoint.parent.parent)
+    if card is not None:
+        return as_record(card.data.x_norm, card.data.y_norm)
     if options.get("dataset", "").partition(":")[0] in ("text", "tokens"):
         return as_record(None, None)  # token ids: nothing to normalise (and no text to read)
     data = dataclasses.replace(pick(DataConfig, options), augment="off")

@@ -27,7 +27,7 @@ import torch
 
 from dptrain import user_code
 from dptrain.errors import ConfigError
-from dptrain.learners.models import num_outputs
+from dptrain.models.spec import num_outputs
 from dptrain.tagi import Sequential, manual_seed
 from dptrain.user_code import file_sha256, is_code_spec
 
