@@ -69,7 +69,7 @@ def _rank_main(rank: int, fn: Callable, world_size: int, workdir: str, init: str
     if dist.is_initialized():
         dist.destroy_process_group()
     # torch 2.13 can abort a finished gloo+DDP process in C++ teardown (see
-    # dptrain.cli.worker.exit_without_teardown); the result is written, so leave now.
+    # dptrain.launcher.worker.exit_without_teardown); the result is written, so leave now.
     log.flush()
     os._exit(0)
 

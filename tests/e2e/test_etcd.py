@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dptrain.cli import etcd_rendezvous
+from dptrain.launcher import etcd_rendezvous
 from dptrain.cli.main import main
 from tests._cli import REPO, base_env, dptrain_cmd, run, stop
 from tests._etcd import (etcd_cluster, loopback_cluster, make_tls,  # noqa: F401 - fixture

@@ -82,7 +82,7 @@ def test_an_expected_error_in_the_workers_is_one_line_and_not_retried(tmp_path):
 
 def test_an_expected_error_from_a_run_script_is_one_line_and_not_retried(tmp_path):
     """Restarts allowed, yet one attempt: the agent torch's launcher builds is still ours (we
-    substitute it in torch.distributed.launcher.api, see dptrain.cli.agent._our_agent)."""
+    substitute it in torch.distributed.launcher.api, see dptrain.launcher.agent.using_agent)."""
     script, attempts = tmp_path / "bad.py", tmp_path / "attempts"
     script.write_text("import os, sys\nfrom dptrain.errors import ConfigError\n"
                       "open(sys.argv[1], 'a').write(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"

@@ -322,7 +322,7 @@ def test_dptrain_run_across_two_hosts_with_the_rendezvous_in_etcd(
 
 LEAVES = """
 import sys
-from dptrain.cli.etcd_rendezvous import make_client
+from dptrain.launcher.etcd_rendezvous import make_client
 found = make_client(sys.argv[1], {}).read("/", recursive=True)
 print(*[node.key for node in found.leaves if not node.dir])
 """

@@ -19,7 +19,7 @@ def test_single_node_is_standalone_and_wraps_the_script(tmp_path):
     script.write_text("")
     argv = torchrun_argv(_run_args("-n", "3", str(script), "--lr", "0.1"))
     assert argv[:3] == ["--nproc-per-node=3", "--max-restarts=0", "--standalone"]
-    assert argv[-5:] == ["-m", "dptrain.cli.worker", str(script), "--lr", "0.1"]
+    assert argv[-5:] == ["-m", "dptrain.launcher.worker", str(script), "--lr", "0.1"]
 
 
 def test_multi_node_dynamic_and_static_rendezvous(tmp_path):

@@ -16,8 +16,8 @@ import pytest
 
 import dptrain
 
-LAYERS = ("runtime", "data", "tagi", "pytagi", "learners", "train", "generation", "inference", "export",
-          "tune",
+LAYERS = ("runtime", "launcher", "data", "tagi", "pytagi", "learners", "train", "generation",
+          "inference", "export", "tune",
           "cli")
 """Bottom to top; a module may import its own layer and those listed before it."""
 FOUNDATION = ("dptrain._version", "dptrain.errors", "dptrain.fingerprint", "dptrain.options",

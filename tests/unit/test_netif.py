@@ -14,7 +14,8 @@ import sys
 
 from dptrain.cli.env import network_line
 from dptrain.cli.main import build_parser
-from dptrain.cli.run import _network_interface, torchrun_argv
+from dptrain.cli.run import torchrun_argv
+from dptrain.launcher.rendezvous import network_options
 from dptrain.runtime.env import SINGLE, DistEnv
 from dptrain.runtime.netif import (
     IFNAME_VARS,
@@ -101,7 +102,7 @@ def test_nproc_per_node_is_an_alias_of_nproc(tmp_path):
 def test_the_launcher_passes_this_nodes_address_to_the_agent(monkeypatch):
     for var in IFNAME_VARS:
         monkeypatch.delenv(var, raising=False)
-    assert _network_interface(None, 1) == ([], {})  # one node: the agent's defaults are right
+    assert network_options(None, 1) == ([], {})  # one node: the agent's defaults are right
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
 
 

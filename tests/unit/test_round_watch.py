@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (DynamicRendezvousHandler,
                                                                      RendezvousTimeout)
 
-from dptrain.cli.round_watch import RoundWatch, dynamic_handler
+from dptrain.launcher.round_watch import RoundWatch, dynamic_handler
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""dptrain's elastic agent (`dptrain.cli.agent.agent_class`) on torch's real classes and real
+"""dptrain's elastic agent (`dptrain.launcher.agent.agent_class`) on torch's real classes and real
 worker processes: a worker that ends while writing its error file is a failed, restartable
 worker and not a crash of the agent (issue 21), and an expected error is not retried, which
 rests on private torch hooks that this file checks are still called.
@@ -29,11 +29,13 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-from dptrain.cli import job_end
-from dptrain.cli.agent import EXPECTED_EXIT_CODES, _quiet_cpp_warnings, agent_class, \
-    expected_error, replace_unreadable_error_file, root_cause, unreadable_error_file
-from dptrain.cli.run import _rendezvous_failed, _wait_for_the_rendezvous
 from dptrain.errors import ConfigError
+from dptrain.launcher import job_end
+from dptrain.launcher.agent import agent_class
+from dptrain.launcher.c10d_rendezvous import rendezvous_failed, wait_for_host
+from dptrain.launcher.error_files import replace_unreadable_error_file, unreadable_error_file
+from dptrain.launcher.failures import EXPECTED_EXIT_CODES, expected_error, root_cause
+from dptrain.launcher.quiet import quiet_cpp_warnings
 
 # What torch's ErrorHandler had written of a RankFailure record when its writer was stopped.
 TRUNCATED = '{"message": {"message": "RankFailure: rank 0 left the collective", "extraInfo"'
@@ -203,7 +205,7 @@ def test_an_expected_error_is_not_retried_by_torchs_own_run_loop(tmp_path):
     error: one attempt only. A torch that moves or renames either name fails here."""
     assert "_monitor_workers" in vars(LocalElasticAgent), \
         "torch.distributed.elastic: LocalElasticAgent._monitor_workers moved; " \
-        "dptrain.cli.agent.agent_class hooks it"
+        "dptrain.launcher.agent.agent_class hooks it"
     assert agent_class("run") is not LocalElasticAgent
     attempts = tmp_path / "attempts"
     record = json.dumps({"message": "ConfigError: --widget must be positive", "timestamp": 1})
@@ -218,7 +220,7 @@ def test_an_expected_error_is_not_retried_by_torchs_own_run_loop(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_the_agent_records_the_end_of_its_job(tmp_path):
-    """An elastic job's agents write its end into the run directory (dptrain.cli.job_end)
+    """An elastic job's agents write its end into the run directory (dptrain.launcher.job_end)
     when torch's run loop returns, before the launcher closes the rendezvous: succeeded, or
     the failure's one line. torch's real run loop and rendezvous; rendezvous id "t"."""
     for name, code, expected in [("ok", "0", "every worker finished"),
@@ -231,7 +233,7 @@ def test_the_agent_records_the_end_of_its_job(tmp_path):
         assert (ended.rdzv_id, ended.succeeded, ended.reason) == ("t", code == "0", expected)
     assert "_restart_workers" in dir(LocalElasticAgent), \
         "torch.distributed.elastic: SimpleElasticAgent._restart_workers moved; " \
-        "dptrain.cli.agent.DptrainAgent announces a node's join there"
+        "dptrain.launcher.agent.DptrainAgent announces a node's join there"
 
 
 def test_a_node_that_finds_the_rendezvous_closed_says_why_in_one_line(tmp_path, capsys):
@@ -240,31 +242,31 @@ def test_a_node_that_finds_the_rendezvous_closed_says_why_in_one_line(tmp_path, 
     record = job_end.record_path(tmp_path, "exp 1")
     assert record == tmp_path / "ended-exp-1.json"
     closed = RendezvousClosedError()
-    assert _rendezvous_failed(closed, "train", "head:29400", record) == 1
+    assert rendezvous_failed(closed, "train", "head:29400", record) == 1
     assert capsys.readouterr().err == "dptrain train: the rendezvous at head:29400 is closed: " \
         "its job has ended; nothing to join\n"
     job_end.write(record, rdzv_id="exp 1", succeeded=True, reason="every worker finished")
-    assert _rendezvous_failed(closed, "train", "head:29400", record) == 0
+    assert rendezvous_failed(closed, "train", "head:29400", record) == 0
     line = capsys.readouterr().err
     assert re.fullmatch(r"dptrain train: the elastic job 'exp 1' ended at \d{4}-\d\d-\d\d "
                         r"\d\d:\d\d:\d\d \(succeeded; .*ended-exp-1.json\); nothing to join. A "
                         r"new job in this run directory needs another --rdzv-id\n", line), line
     job_end.write(record, rdzv_id="exp 1", succeeded=False, reason="rank 1 failed (exit code 3)")
     lost = RendezvousConnectionError("The connection to the C10d store has failed.")
-    assert _rendezvous_failed(lost, "train", "head:29400", record) == 1
+    assert rendezvous_failed(lost, "train", "head:29400", record) == 1
     assert "(failed: rank 1 failed (exit code 3); " in capsys.readouterr().err
     record.write_text("{")  # not a record: under c10d its host is lost, and the job with it
     try:
         raise lost from DistNetworkError("Failed to recv, got 0 bytes.\nException raised...")
     except RendezvousConnectionError as raised:
-        assert _rendezvous_failed(raised, "train", "head:29400", record) == 1
+        assert rendezvous_failed(raised, "train", "head:29400", record) == 1
     assert capsys.readouterr().err == (
         "dptrain train: lost the rendezvous host head:29400 (DistNetworkError: Failed to recv, "
         "got 0 bytes.): it served the job's c10d rendezvous, and the job cannot go on without "
         "it; to survive the loss of any node, keep the rendezvous in an etcd cluster with "
         "--rdzv-backend etcd (docs/howto/multi_node.md, The rendezvous in etcd)\n")
     # etcd: what torch said (no member of the cluster answers)
-    assert _rendezvous_failed(lost, "train", "h1:2379,h2:2379", record, "etcd") == 1
+    assert rendezvous_failed(lost, "train", "h1:2379,h2:2379", record, "etcd") == 1
     assert capsys.readouterr().err.startswith(
         "dptrain train: the rendezvous at h1:2379,h2:2379 failed: RendezvousConnectionError: "
         "The connection to the C10d store has failed.")
@@ -297,7 +299,7 @@ def test_the_agent_keeps_quiet_the_store_client_s_cpp_traces(capfd, monkeypatch)
             server.kill()
     capfd.readouterr()
     for quiet in (True, False):
-        with _quiet_cpp_warnings() if quiet else contextlib.nullcontext():
+        with quiet_cpp_warnings() if quiet else contextlib.nullcontext():
             with pytest.raises(DistNetworkError):
                 client.compare_set("k", "v", "w")
         err = capfd.readouterr().err
@@ -314,7 +316,7 @@ def test_a_node_waiting_for_the_rendezvous_host_stops_when_the_job_has_ended(tmp
         unused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         endpoint = f"127.0.0.1:{unused.getsockname()[1]}"
         started = time.monotonic()
-        assert _wait_for_the_rendezvous("train", endpoint, 1, record) == 1
+        assert wait_for_host("train", endpoint, 1, record) == 1
         assert 1 <= time.monotonic() - started < 10
         assert capsys.readouterr().err.startswith(
             f"dptrain train: nothing answered at {endpoint} ([Errno 111] Connection refused) "
@@ -323,7 +325,7 @@ def test_a_node_waiting_for_the_rendezvous_host_stops_when_the_job_has_ended(tmp
             rdzv_id="j", succeeded=True, reason="every worker finished"))
         writer.start()
         started = time.monotonic()
-        assert _wait_for_the_rendezvous("train", endpoint, 30, record) == 0
+        assert wait_for_host("train", endpoint, 30, record) == 0
         assert time.monotonic() - started < 5
         writer.join()
         assert "the elastic job 'j' ended at " in capsys.readouterr().err
@@ -331,4 +333,4 @@ def test_a_node_waiting_for_the_rendezvous_host_stops_when_the_job_has_ended(tmp
         server.bind(("127.0.0.1", 0))
         server.listen()
         endpoint = f"127.0.0.1:{server.getsockname()[1]}"
-        assert _wait_for_the_rendezvous("train", endpoint, 30, record) is None
+        assert wait_for_host("train", endpoint, 30, record) is None

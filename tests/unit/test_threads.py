@@ -12,7 +12,7 @@ import pytest
 
 import dptrain.runtime.threads as threads_module
 from dptrain.cli.env import hints, thread_lines
-from dptrain.cli.run import thread_environment
+from dptrain.launcher.worker_env import thread_environment
 from dptrain.runtime.threads import (
     cgroup_quota,
     env_threads,
@@ -163,7 +163,7 @@ def test_env_shows_the_share_the_policy_and_a_consistent_hint():
 def test_an_explicit_thread_count_wins_and_reaches_the_workers(monkeypatch):
     import torch
 
-    from dptrain.cli.run import use_threads
+    from dptrain.launcher.worker_env import use_threads
     from dptrain.train.options import RESUMABLE_OPTIONS, TrainOptions
     from dptrain.errors import ConfigError
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dptrain.cli.main import build_parser
-from dptrain.cli.run import rendezvous_argv, rendezvous_conf, rendezvous_host
 from dptrain.cli.train import job_world_sizes, options_from_args
 from dptrain.runtime import resolve_env
-from dptrain.runtime.launch import ETCD_HANDLER, NodeRange, etcd_members
+from dptrain.runtime.launch import NodeRange, etcd_members
 from dptrain.errors import ConfigError
+from dptrain.launcher.etcd_rendezvous import ETCD_HANDLER
+from dptrain.launcher.rendezvous import rendezvous_argv, rendezvous_conf, rendezvous_host
 from dptrain.train.options import check_batch_split
 
 

@@ -107,7 +107,7 @@ def _cpu_list(cpus: frozenset[int] | None) -> str:
 
 def thread_lines(share: ThreadShare, environ: dict[str, str], launched: bool) -> list[str]:
     """What each rank gets and why: intra-op threads and OpenMP's wait policy (pure)."""
-    from dptrain.cli.run import thread_environment
+    from dptrain.launcher.worker_env import thread_environment
 
     who = "this rank" if launched else \
         f"each of {share.local_ranks} process(es) of `dptrain run -n {share.local_ranks}`"

@@ -18,13 +18,15 @@ from dataclasses import MISSING, Field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dptrain.cli import job_end
-from dptrain.cli.run import launch, rendezvous_argv, rendezvous_conf, use_threads
 from dptrain.data.config import NO_VALIDATION
 from dptrain.runtime import DistEnv, resolve_env
 from dptrain.runtime.job import job_id, stamp
 from dptrain.runtime.threads import env_threads, this_process_share
 from dptrain.errors import ConfigError
+from dptrain.launcher import job_end
+from dptrain.launcher.launch import launch
+from dptrain.launcher.rendezvous import rendezvous_argv, rendezvous_conf
+from dptrain.launcher.worker_env import use_threads
 from dptrain.learners.build import model_defaults
 from dptrain.options import field_docs, flag, literal_choices
 from dptrain.train.job import preflight, run_dir, run_training

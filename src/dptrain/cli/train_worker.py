@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dptrain.cli.worker import run_as_worker
+from dptrain.launcher.worker import run_as_worker
 from dptrain.train.job import run_training
 from dptrain.train.options import TrainOptions
 

@@ -47,34 +47,12 @@ RENDEZVOUS_SETTINGS = ("join_timeout", "last_call_timeout", "close_timeout",
 """The settings torch's c10d rendezvous reads (torch/distributed/elastic/rendezvous/
 dynamic_rendezvous.py and c10d_rendezvous_backend.py); all integers (is_host: 0 or 1)."""
 
-LOST_NODE_SETTINGS = {
-    "c10d": {"keep_alive_interval": "1", "keep_alive_max_attempt": "5", "last_call_timeout": "2"},
-    "etcd": {"last_call_timeout": "2"},
-}
-"""dptrain's defaults for torch's dynamic rendezvous, which --rdzv-conf overrides: how soon a
-lost node is noticed and the job goes on without it (docs/howto/multi_node.md, A lost node).
-
-- keep_alive_interval=1, keep_alive_max_attempt=5 (torch: 5 and 3): every agent writes a
-  heartbeat each second, and a node silent for 5 s is dropped; the agents notice it and
-  restart their workers on the nodes left (dptrain.cli.round_watch). The heartbeats are the
-  agents', which do nothing else: a slow or stalled worker never misses one, so the window
-  only has to cover an agent's scheduling delays and the hosts' clock skew (each heartbeat
-  carries its writer's clock). With etcd torch's 5 x 3 s stays: a node whose request hangs on
-  a lost member waits up to 5 s before its client moves on to another (etcd_rendezvous), plus
-  an election when that member led the cluster.
-- last_call_timeout=2 (torch: 30): once MIN nodes are in a round, how long it waits for more.
-  After a loss the survivors arrive together and there is nobody else to wait for; at the
-  start, a node that comes later than that joins a moment after, the workers restarting once
-  to take it in (not counted as a restart)."""
-
 ETCD_SETTINGS = {"protocol": "protocol", "ca_cert": "ca_cert", "ssl_cert": "ssl_cert",
                  "ssl_cert_key": "ssl_cert_key",
                  "cacert": "ca_cert", "cert": "ssl_cert", "key": "ssl_cert_key"}
 """The etcd client's TLS settings, by the name given -> torch's etcd-v2 name (the first four;
 the last three are the legacy etcd backend's and etcdctl's spellings of the same)."""
 
-ETCD_HANDLER = "dptrain-etcd"
-"""The torchrun rendezvous backend `--rdzv-backend etcd` registers (dptrain.cli.etcd_rendezvous)."""
 ETCD_PORT = 2379
 """etcd's client port, for a member given without one."""
 DEFAULT_RDZV_ID = "dptrain"

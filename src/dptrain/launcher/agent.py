@@ -1,15 +1,10 @@
 """dptrain's elastic agent: torch's local agent, told about our workers (see `DptrainAgent`),
-and how a failed job is summed up in one line (`root_cause`, `failure_summary`)."""
+and installed in torch's launcher for one run (`using_agent`)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import glob
-import json
-import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -18,141 +13,20 @@ from pathlib import Path
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from dptrain.cli import job_end
-from dptrain.cli.round_watch import RoundWatch
+from dptrain.launcher import job_end
+from dptrain.launcher.error_files import replace_unreadable_error_file
+from dptrain.launcher.failures import (expected_error, failure_line, failure_summary,
+                                       lost_a_peer, root_cause)
+from dptrain.launcher.quiet import quiet_cpp_warnings, quiet_elastic_logs
+from dptrain.launcher.round_watch import RoundWatch
 from dptrain.runtime.job import ATTEMPT_ENV, RUN_LABEL_ENV, stamp
-from dptrain.errors import (AfterTrainingFailed, CheckpointError, ConfigError, DataError,
-                            NonFiniteLoss, TrainingCollapsed)
 
 SURVIVOR_GRACE_S = 5.0
 """How long the agent lets its workers fail by themselves, recording the step at which they
 lost a peer, before it stops them: after another of its workers failed, or after another node
 restarted the job (a survivor that holds a roll call of the ranks reports within ROLL_CALL_S,
 3 s, plus a second)."""
-
-EXPECTED_EXIT_CODES = {cls.exit_code: cls.__name__
-                       for cls in (ConfigError, DataError, CheckpointError, NonFiniteLoss,
-                                   TrainingCollapsed, AfterTrainingFailed)}
-"""Exit statuses of workers that ended on an expected error (see dptrain.cli.worker)."""
-
-
-def _text(message: object) -> str:
-    return str(message.get("message", "")) if isinstance(message, dict) else str(message or "")
-
-
-def root_cause(failures: dict) -> tuple[int, object]:
-    """The failure that caused the others. Two kinds only follow from another rank's: a
-    `RankFailure` (it saw a peer vanish from a collective) and a SIGTERM (the agent stopping the
-    survivors), so prefer any other; then the earliest."""
-    def key(item: tuple[int, object]) -> tuple[bool, float, int]:
-        rank, failure = item
-        secondary = failure.exitcode == -signal.SIGTERM or \
-            "RankFailure" in _text(failure.message)
-        return (secondary, failure.timestamp, rank)
-
-    return min(failures.items(), key=key)
-
-
-def _describe(message: object) -> str:
-    """The failed rank's traceback when its worker recorded one, else the agent's summary. A
-    lost peer (RankFailure) is its message's first line: its traceback says nothing more."""
-    if isinstance(message, dict):
-        text = str(message.get("message", ""))
-        if text.startswith("RankFailure: "):
-            return f"Its error: {text.splitlines()[0]}"
-        stack = message.get("extraInfo", {}).get("py_callstack")
-        return f"Its error:\n{stack or text}"
-    return f"Its error: {message}" if message else "It died without a Python error (signal?)."
-
-
-def _lost_peer(failure: object) -> dict:
-    """What a rank that lost a peer recorded (dptrain.cli.worker): step, missing ranks."""
-    message = getattr(failure, "message", None)
-    info = message.get("extraInfo", {}) if isinstance(message, dict) else {}
-    found = info.get("dptrain") if isinstance(info, dict) else None
-    return found if isinstance(found, dict) else {}
-
-
-def failure_summary(failures: dict) -> str:
-    """One line's worth on a failed attempt: the rank that failed first, how, and the step at
-    which the others lost it (from the survivors' records), e.g. `rank 1 failed (exit code -9,
-    SIGKILL) at step 25`; for a node that only lost a peer on another node, `rank 1 lost rank(s)
-    0 at step 25`."""
-    rank, failure = root_cause(failures)
-    reports = [_lost_peer(f) for f in failures.values()]
-    steps = [r["step"] for r in reports if isinstance(r.get("step"), int)]
-    at = f" at step {min(steps)}" if steps else ""
-    code = failure.exitcode
-    how = f"exit code {code}"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            how += f", {signal.Signals(-code).name}"
-    if "RankFailure" in _text(failure.message):  # every failure here followed another's
-        missing = sorted({m for r in reports for m in (r.get("missing") or [])})
-        lost = f"rank(s) {', '.join(map(str, missing))}" if missing else "a peer"
-        return f"rank {rank} lost {lost}{at} ({how})"
-    return f"rank {rank} failed ({how}){at}"
-
-
-def expected_error(failure: object) -> str | None:
-    """The one-line text of a failure a worker recorded as an expected error (a bad option,
-    dataset or checkpoint: see dptrain.cli.worker), else None."""
-    name = EXPECTED_EXIT_CODES.get(getattr(failure, "exitcode", None))
-    text = _text(getattr(failure, "message", None))
-    prefix = f"{name}: "
-    return text[len(prefix):] if name and text.startswith(prefix) else None
-
-
-def _failure_line(failures: dict) -> str:
-    """A failed attempt in one line: an expected error's own (`rank 1: ...`), else
-    `failure_summary`'s."""
-    rank, failure = root_cause(failures)
-    text = expected_error(failure)
-    return f"rank {rank}: {text}" if text is not None else failure_summary(failures)
-
-
-def unreadable_error_file(path: str, exitcode: int) -> str | None:
-    """Why torch's agent cannot read the error file a worker left at `path`, else None (also
-    when there is none, which torch handles). Read with torch's own reader, `ProcessFailure`,
-    so that "readable" means what the agent will find."""
-
-    if not os.path.isfile(path):
-        return None
-    try:
-        ProcessFailure(local_rank=0, pid=0, exitcode=exitcode, error_file=path)
-    except Exception as err:  # whatever torch's reader raises: that is the reason
-        size = os.path.getsize(path)
-        return "empty" if size == 0 else f"{size} bytes, {type(err).__name__}: {err}"
-    return None
-
-
-def replace_unreadable_error_file(path: str, exitcode: int) -> str | None:
-    """If the error file at `path` is unreadable (its worker ended while writing it: a rank
-    stopped by the agent in the middle of recording its own error), replace it, atomically, by
-    a record in torch's format that says so and keeps the start of what had been written.
-    Returns the reason, or None when the file reads (or is absent) and was left alone."""
-    reason = unreadable_error_file(path, exitcode)
-    if reason is None:
-        return None
-    with open(path, "rb") as fp:
-        partial = fp.read(2000).decode("utf-8", errors="replace")
-    text = (f"UnreadableErrorFile: the worker ended (exit code {exitcode}) while writing its "
-            f"error file {path} ({reason})")
-    record = {"message": {"message": text, "extraInfo": {
-        "py_callstack": f"{text}; it had written:\n{partial}" if partial else text,
-        # Its last write is when the worker failed: keeps the root-cause order (see root_cause).
-        "timestamp": str(int(os.path.getmtime(path)))}}}
-    tmp = f"{path}.dptrain-tmp"
-    with open(tmp, "w") as fp:
-        json.dump(record, fp)
-    # The record keeps the failed write's time; so does the file (a second may have ticked).
-    failed_at = os.stat(path)
-    os.utime(tmp, ns=(failed_at.st_atime_ns, failed_at.st_mtime_ns))
-    os.replace(tmp, path)
-    return reason
-
 
 class JobStopped(Exception):
     """This node's agent ends the job on what it learnt from the other nodes (another node
@@ -207,7 +81,7 @@ class DptrainAgent(LocalElasticAgent):
     command = "run"
     """The dptrain command whose workers this agent runs (named in its lines)."""
     end_record: str | None = None
-    """An elastic job's end record in its run directory (`dptrain.cli.job_end`), else None."""
+    """An elastic job's end record in its run directory (`dptrain.launcher.job_end`), else None."""
     started = 0.0
     """When the launcher started (the run label a node offers)."""
     _first_failure_at: float | None = None
@@ -230,7 +104,7 @@ class DptrainAgent(LocalElasticAgent):
             raise
         if result is not None:  # None: torch's graceful exit, this node was never needed
             self._record_end(succeeded=not result.is_failed(), reason=(
-                _failure_line(result.failures) if result.is_failed() else
+                failure_line(result.failures) if result.is_failed() else
                 "every worker finished"))
         return result
 
@@ -280,7 +154,7 @@ class DptrainAgent(LocalElasticAgent):
         still counts."""
         if result.state != WorkerState.FAILED or not result.failures or self._round is None:
             return False
-        if not all("RankFailure" in _text(f.message) for f in result.failures.values()):
+        if not all(map(lost_a_peer, result.failures.values())):
             return False
         try:
             return bool(self._round.newcomers())
@@ -427,7 +301,6 @@ class DptrainAgent(LocalElasticAgent):
         return repaired
 
 
-
 def agent_class(command: str, end_record: Path | None = None) -> type:
     """The agent class `launch` hands torch's launcher for `dptrain COMMAND`: `DptrainAgent`,
     or torch's own where torch moved the private hook it overrides (a test fails then)."""
@@ -439,59 +312,16 @@ def agent_class(command: str, end_record: Path | None = None) -> type:
 
 
 @contextlib.contextmanager
-def _our_agent(command: str, end_record: Path | None = None) -> Iterator[None]:
-    """Run torchrun's launcher with `agent_class` and without the agent's own failure log
-    lines (we report the failure once, below), unless the user asked for LOGLEVEL."""
+def using_agent(command: str, end_record: Path | None = None) -> Iterator[None]:
+    """Within: torch's launcher (`torch.distributed.run`) runs `agent_class`, and torch's
+    elastic loggers and C++ warnings are quiet (the launcher reports a failure once), unless the
+    user asked for them (dptrain.launcher.quiet)."""
     import torch.distributed.launcher.api as launcher_api
 
     original = launcher_api.LocalElasticAgent
     launcher_api.LocalElasticAgent = agent_class(command, end_record)
-    quieted = []
-    if "LOGLEVEL" not in os.environ:
-        for name, logger in list(logging.root.manager.loggerDict.items()):
-            if name.startswith("torch.distributed.elastic") and \
-                    isinstance(logger, logging.Logger):
-                quieted.append((logger, logger.level))
-                logger.setLevel(logging.CRITICAL)
     try:
-        with _quiet_cpp_warnings():
+        with quiet_elastic_logs(), quiet_cpp_warnings():
             yield
     finally:
         launcher_api.LocalElasticAgent = original
-        for logger, level in quieted:
-            logger.setLevel(level)
-
-
-CPP_ERROR_LEVEL = 2
-"""c10's log level for errors (0 info, 1 warning, 2 error, 3 fatal)."""
-
-
-def _c10_log_level() -> ctypes.c_int | None:
-    """c10's log level flag in the torch this process loaded, or None where it is not found
-    (a torch built otherwise)."""
-    import torch
-
-    for path in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.*")):
-        with contextlib.suppress(OSError, ValueError):
-            return ctypes.c_int.in_dll(ctypes.CDLL(path), "FLAGS_caffe2_log_level")
-    return None
-
-
-@contextlib.contextmanager
-def _quiet_cpp_warnings() -> Iterator[None]:
-    """torch's C++ warnings off in the agent's process, unless the user asked for logs
-    (LOGLEVEL, TORCH_CPP_LOG_LEVEL). Its c10d store client logs each failed request with a
-    C++ stack trace, several when the rendezvous host is lost, which the launcher reports in
-    one line. torch reads TORCH_CPP_LOG_LEVEL once, when it loads: the flag it sets is
-    changed in place. The workers are processes of their own and keep their warnings."""
-    flag = None if {"LOGLEVEL", "TORCH_CPP_LOG_LEVEL"} & os.environ.keys() else _c10_log_level()
-    if flag is None or flag.value >= CPP_ERROR_LEVEL:
-        yield
-        return
-    before, flag.value = flag.value, CPP_ERROR_LEVEL
-    try:
-        yield
-    finally:
-        flag.value = before
-
-

@@ -45,7 +45,10 @@ from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRen
 from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
 
 from dptrain.errors import ConfigError
-from dptrain.runtime.launch import ETCD_HANDLER, etcd_members
+from dptrain.runtime.launch import etcd_members
+
+ETCD_HANDLER = "dptrain-etcd"
+"""The torchrun rendezvous backend `--rdzv-backend etcd` registers (`register`)."""
 
 INSTALL_HINT = ("--rdzv-backend etcd needs the etcd client python-etcd: pip install "
                 "'dptrain[etcd]' (and an etcd cluster with its v2 API: etcd >= 3.4 started "
@@ -131,7 +134,7 @@ def _why_not(text: str) -> str:
 
 class JobStore(EtcdStore):
     """torch's etcd store under the job's directory, with the compare_set the agents agree on
-    the run label by (dptrain.cli.agent; torch's store has none), and its keys in URL-safe
+    the run label by (dptrain.launcher.agent; torch's store has none), and its keys in URL-safe
     base64."""
 
     # A key is one etcd path component. Standard base64 writes "/" for a "?" at every third
@@ -311,7 +314,7 @@ class JobHandler(RendezvousHandler):
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """The handler torch's launcher asks the registry for (`--rdzv-backend=ETCD_HANDLER`).
     A cluster out of reach is torch's RendezvousConnectionError, which the launcher reports in
-    one line like any rendezvous that failed (`dptrain.cli.run`)."""
+    one line like any rendezvous that failed (`dptrain.launcher.c10d_rendezvous`)."""
     import etcd
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         create_handler as dynamic_handler)

@@ -6,8 +6,8 @@ than `RankFailure`: a bad option, dataset or checkpoint) is recorded without a t
 ends the process with the error's own exit status, so the launcher prints it once, as one line.
 A `RankFailure` (this rank lost a peer: it follows from another rank's failure) is recorded
 with the step and the missing ranks and nothing is printed: the launcher names the lost rank
-and the step in one line for the whole job (dptrain.cli.run). Under other launchers each of
-these is one line on stderr.
+and the step in one line for the whole job (dptrain.launcher.launch). Under other launchers
+each of these is one line on stderr.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from dptrain.cli.run import LAUNCHER_REPORTS
 from dptrain.errors import DptrainError, RankFailure
+from dptrain.launcher.worker_env import LAUNCHER_REPORTS
 
 
 def exit_without_teardown(code: int = 0) -> NoReturn:
