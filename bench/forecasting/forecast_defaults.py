@@ -6,7 +6,7 @@ the ±2σ coverage before and after the variance scale chosen on validation.
 Each row trains the registry's tagi-lstm (learned noise, --hidden 8, --batch-size 16, 10
 epochs, seed 0) on one built-in series with the row's lookback, horizon, calendar features
 and protocol (the whole test part, or rolled daily), as the learning tests in
-tests/unit/test_covariates.py do, and scores the test part's forecast as a run reports it.
+tests/unit/forecasting/test_covariates.py do, and scores the test part's forecast as a run reports it.
 Printed: the rows of docs/forecasting.md's calibration table, which
 tests/unit/test_readme_figures.py checks against the result file.
 """

@@ -3,7 +3,7 @@
     python _pytagi_digits_worker.py '{"data": "in.npz", "network": "fnn", "seed": 0,
                                       "threads": 1}'
 
-Trains the network (the FNN 64-128-128-11 or the 8x8 CNN of tests/unit/test_tagi_learning.py,
+Trains the network (the FNN 64-128-128-11 or the 8x8 CNN of tests/unit/tagi/test_learning.py,
 or with "network": "cnn-plan", "shape": [C, H, W] and "gain": g the registry's tagi-cnn layout
 for that image shape, all from pytagi's own layers) with the hierarchical softmax head on
 in.npz's training images, visiting them in the order in.npz gives per epoch, in batches of its

@@ -1,4 +1,4 @@
-"""The digits learning protocol (tests/unit/test_tagi_learning.py) run by pytagi 0.2.1 and by
+"""The digits learning protocol (tests/unit/tagi/test_learning.py) run by pytagi 0.2.1 and by
 dptrain.tagi on the same data in the same order: the reference test errors the README quotes.
 
     .venv/bin/python bench/pytagi/pytagi_digits_reference.py          # ~1 min; writes the JSON
@@ -64,7 +64,7 @@ def make_data(network: str, seed: int, epochs: int) -> dict[str, np.ndarray]:
 
 
 def run_ours(network: str, data: dict[str, np.ndarray], seed: int) -> dict:
-    """The test's loop (tests/unit/test_tagi_learning.py, _digits_error)."""
+    """The test's loop (tests/unit/tagi/test_learning.py, _digits_error)."""
     torch.set_num_threads(1)
     manual_seed(seed)
     net = build_ours(network)

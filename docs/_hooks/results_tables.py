@@ -56,7 +56,7 @@ def learning() -> str:
         each = " / ".join(f"{100 * w / 360:.2f}" for w in wrong)
         return f"{each} % (mean {100 * sum(wrong) / 360 / len(wrong):.2f} %)"
 
-    toy = _test_constant("tests/unit/test_tagi_learning.py", "TOY_INSIDE_3SIGMA")
+    toy = _test_constant("tests/unit/tagi/test_learning.py", "TOY_INSIDE_3SIGMA")
     rows = [f"| digits test error, seeds 0/1/2 | {errors('fnn', 'dptrain')} | "
             f"{errors('fnn', 'pytagi')} |",
             "| digits CNN (Conv2d(1,16,3,padding=1)-ReLU-AvgPool2d(2)-Conv2d(16,32,3,padding=1)-"

@@ -1,7 +1,7 @@
 """The recording half of make_cutagi_fixtures.py: run in a Python whose path starts with the
 cuTAGI build (`cutagi`) and that commit's `pytagi`; writes the .npz named on the command line.
 
-Keys follow tests/data/make_pytagi_fixtures.py (so tests/unit/pytagi_parity.py replays them):
+Keys follow tests/data/make_pytagi_fixtures.py (so tests/unit/pytagi/parity.py replays them):
   <case>/x{k}, y{k}, var_y{k}                 inputs and observations of training step k (0, 1)
   <case>/init/<layer>.<mu_w|var_w|mu_b|var_b> parameters right after the first forward
   <case>/step{k}/out_mu, out_var              the network output of step k's forward

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build cuTAGI's main branch (commit ef69219, the first with multi-head attention and RMSNorm)
 on the CPU from source, and record what it computes on small attention and RMSNorm networks
-into tests/data/cutagi_fixtures.npz: the numbers tests/unit/test_tagi_cutagi_parity.py checks
+into tests/data/cutagi_fixtures.npz: the numbers tests/unit/tagi/test_attention.py checks
 `dptrain.tagi.MultiheadAttention` and `dptrain.tagi.RMSNorm` against.
 
 cuTAGI main has no release on the package index, so it is built here, from a git repository of

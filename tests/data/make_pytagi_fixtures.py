@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate tests/data/pytagi_fixtures.npz with the pytagi 0.2.1 wheel: what pytagi computes on
-small TAGI networks, as numbers the engine's parity tests (tests/unit/test_tagi_parity*.py,
-through tests/unit/pytagi_parity.py) are checked against.
+small TAGI networks, as numbers the engine's parity tests (tests/unit/pytagi/test_parity*.py,
+through tests/unit/pytagi/parity.py) are checked against.
 
 For each case (a `Spec`: network, batch size, observation noise) a small network is built in
 pytagi, then two training steps (forward, output update, backward, step) and one eval forward
@@ -33,7 +33,7 @@ Parameters are copied into the engine from `init/…` (pytagi draws its own init
 the same steps must reproduce `step*/…` and `eval/…`. Cases where pytagi has a known bug (see
 docs/tagi.md) are recorded as pytagi computes them: the tests compare them deliberately.
 Each case prints how hard its steps pushed the cap (largest |Δm|/bar, |Δv|/bar, variances
-floored); tests/unit/test_tagi_parity_branches.py asserts the same for the cases meant to.
+floored); tests/unit/pytagi/test_parity_branches.py asserts the same for the cases meant to.
 
 Families of cases go to separate files (`--family`, default "base"): "base" (the layers above)
 to tests/data/pytagi_fixtures.npz, "lstm" (stacked LSTM layers with a Linear head; inputs
@@ -121,7 +121,7 @@ def cases():
                                Conv2d(4, 4, 3, padding=1), BatchNorm2d(4)),
                     LayerBlock(Conv2d(3, 4, 1), BatchNorm2d(4))), ReLU(),
         Linear(64, 2)), norm_stats=True)
-    # The cases below reach what the ones above cannot (tests/unit/test_tagi_parity_branches.py
+    # The cases below reach what the ones above cannot (tests/unit/pytagi/test_parity_branches.py
     # checks that each still does): batches of 16 and 256 (cap factors 2 and 3) with the
     # variance cap binding and the floor firing; smooth activations (J neither 1 nor a 0/1
     # mask) entering Conv2d, pooling, BatchNorm, LayerNorm and a residual shortcut; MaxPool2d
@@ -191,7 +191,7 @@ def emb_cases():
     last one's deltas (its CUDA layer clears them). The recorder stores what one backward
     writes (it clears the buffers first, as the CUDA layer does) and then hands step() the
     rule's v_W² Σ δv, so every later number is pytagi's arithmetic on the intended update;
-    tests/unit/test_tagi_seq_parity.py names the one recorded delta that differs.
+    tests/unit/pytagi/test_seq_parity.py names the one recorded delta that differs.
     pytagi 0.2.1 draws the initial table from the system's random device, not from
     `pytagi.manual_seed`, so each recording holds another table (the tests load the recorded
     one, as for every case).
@@ -399,7 +399,7 @@ def record_step(spec, net, upd, out, k, x, y):
 def cap_report(out, spec):
     """How hard the two steps of a case pushed the cap: the largest |Δm|/bar and |Δv|/bar, and
     how many variances the floor reset (v_old − min(|Δv|, bar) ≤ 0). The same rule as
-    tests/unit/pytagi_parity.py's `cap_report`, printed here so a new case can be tuned."""
+    tests/unit/pytagi/parity.py's `cap_report`, printed here so a new case can be tuned."""
     c = 0.1 if spec.batch == 1 else (2.0 if spec.batch < 256 else 3.0)
     worst_m = worst_v = 0.0
     floors = 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate tests/data/pytagi_helpers.npz with the pytagi 0.2.1 wheel: what its C++ helpers
 (`pytagi.Utils`, `HRCSoftmaxMetric`, the MNIST/CIFAR readers) and its `state_dict` return, for
-`dptrain.pytagi`'s numpy versions to be checked against (tests/unit/test_pytagi_helpers.py).
+`dptrain.pytagi`'s numpy versions to be checked against (tests/unit/pytagi/test_helpers.py).
 
 Keys: `label_to_obs/<K>/{labels,obs,obs_idx,num_obs}`, `hrc/<K>/{obs,idx,num_obs,len}`,
 `one_hot/{labels,out}`, `rolling/<case>/{data,output_col,args,x,y}`, `triu/{args,out}`,

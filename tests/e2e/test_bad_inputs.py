@@ -23,7 +23,7 @@ import pytest
 from dptrain.cli.main import main
 from tests._cli import base_env, dptrain_cmd, run
 from tests._images import write_digits_folder
-from tests.unit.test_data_readers import (
+from tests.unit.data.test_data_readers import (
     make_mnist,
     write_cifar_binary,
     write_cifar_pickle,

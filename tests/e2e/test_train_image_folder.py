@@ -172,7 +172,7 @@ def test_a_corrupt_image_met_mid_epoch_is_one_line_and_keeps_the_checkpoints(fol
 
 
 def test_your_own_dataset_file_trains_on_two_processes_with_workers_and_predicts(tmp_path):
-    from tests.unit.test_user_dataset import SQUARES
+    from tests.unit.data.test_user_dataset import SQUARES
 
     (tmp_path / "my_data.py").write_text(SQUARES)
     spec = f"{tmp_path / 'my_data.py'}:squares"

@@ -1,6 +1,6 @@
 """The compiled training step (`Sequential.compile()`) on CUDA, generated code and its CUDA-graph
 replay ("reduce-overhead"), against the eager loop on the same device: float64 to 1e-12 relative,
-float32 to 1e-6, as on the CPU (tests/unit/test_tagi_compiled.py). CUDA only: the CPU cases are
+float32 to 1e-6, as on the CPU (tests/unit/tagi/test_compiled.py). CUDA only: the CPU cases are
 in the unit tier."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from dptrain import tagi
 from tests.gpu.conftest import HAS_CUDA, NO_CUDA
-from tests.unit.test_tagi_compiled import _eager_step
+from tests.unit.tagi.test_compiled import _eager_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)]
 

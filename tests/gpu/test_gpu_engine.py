@@ -6,7 +6,7 @@ evaluation forward (docs/tagi.md, One training step).
 Each network is built once in float64 on the CPU (the reference) and copied, parameters and
 state, to the device in the dtype under test; both then take the same two training steps.
 float64 on the device must agree to 1e-10, float32 to 1e-5, relative to each value plus a tenth
-of its array's scale (`tests/unit/pytagi_parity.py`, `relative_error`).
+of its array's scale (`tests/unit/pytagi/parity.py`, `relative_error`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dptrain.tagi import (LSTM, AvgPool2d, BatchNorm2d, Conv2d, EvenExp, HRCSoft
                           LayerBlock, LayerNorm, LeakyReLU, Linear, MaxPool2d, MixtureReLU, MixtureSigmoid,
                           MixtureTanh, OutputUpdater, ReLU, Remax, ResNetBlock, Sequential,
                           Sigmoid, Softplus, Tanh, manual_seed)
-from tests.unit.pytagi_parity import relative_error
+from tests.unit.pytagi.parity import relative_error
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import torch
 
 from dptrain.tagi import (AvgPool2d, ClosedFormSoftmax, Conv2d, ConvTranspose2d, Linear,
                           MixtureReLU, OutputUpdater, ReLU, Sequential, Softmax, manual_seed)
-from tests.unit.pytagi_parity import relative_error
+from tests.unit.pytagi.parity import relative_error
 
 pytestmark = pytest.mark.gpu
 

@@ -23,7 +23,7 @@ from dptrain.learners.build import create_learner
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from tests._world import run_world
 from tests.gpu.conftest import HAS_CUDA, NO_CUDA
-from tests.unit.pytagi_parity import relative_error
+from tests.unit.pytagi.parity import relative_error
 
 pytestmark = pytest.mark.gpu
 

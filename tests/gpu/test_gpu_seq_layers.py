@@ -9,7 +9,7 @@ import torch
 
 from dptrain.tagi import (SLSTM, Embedding, Linear, OutputUpdater, ReLU, Sequential, SLinear,
                           manual_seed)
-from tests.unit.pytagi_parity import relative_error
+from tests.unit.pytagi.parity import relative_error
 
 pytestmark = pytest.mark.gpu
 

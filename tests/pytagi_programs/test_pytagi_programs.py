@@ -104,7 +104,7 @@ NEED_DOWNLOAD_LAYERS = {
     "examples/softmax_cifar.py": "Softmax / ClosedFormSoftmax, torchvision's CIFAR-10",
 }
 """Not run: they use the engine's ConvTranspose2d and softmax layers (tested on their own in
-tests/unit/test_tagi_convtranspose.py, test_tagi_softmax.py), but download their data."""
+tests/unit/tagi/test_convtranspose.py, test_tagi_softmax.py), but download their data."""
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.tagi import Linear, ReLU, Sequential
-from tests.unit import test_tagi_learning as learning
+from tests.unit.tagi import test_learning as learning
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -400,8 +400,8 @@ def test_readme_headline_table_is_its_json():
 
 def test_forecast_figures_are_the_learning_test_s():
     """tagi-lstm's ND beside the seasonal naive's on `hourly` at its defaults: the learning
-    test's constants (tests/unit/test_covariates.py), which it asserts against a fresh run."""
-    from tests.unit.test_covariates import HOURLY_ND
+    test's constants (tests/unit/forecasting/test_covariates.py), which it asserts against a fresh run."""
+    from tests.unit.forecasting.test_covariates import HOURLY_ND
 
     (whole, naive), (daily, daily_naive) = HOURLY_ND[0], HOURLY_ND[24]
     text = (f"ND of {whole:.3f} beside the seasonal naive's {naive:.3f} ({daily:.3f} beside "
@@ -414,7 +414,7 @@ def test_forecast_calibration_table_is_forecast_defaults_json():
     """docs/forecasting.md's table of tagi-lstm at its defaults on the built-in series: each
     row its result in bench/results/forecast_defaults.json; the hourly rows at the default
     lookback are the learning test's constants."""
-    from tests.unit.test_covariates import HOURLY_ND
+    from tests.unit.forecasting.test_covariates import HOURLY_ND
 
     page = _expanded(REPO / "docs" / "forecasting.md")
     for r in _load("forecast_defaults.json")["results"]:

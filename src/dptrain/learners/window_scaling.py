@@ -27,7 +27,7 @@ longer tells a weekday's cycle from a Sunday's, and `hourly`'s whole-test-part N
 0.090 to 0.103 with it. So `--window-scaling auto` (the default) turns it on only where the
 data show the need: a series whose validation part leaves its training range
 (`shifted_series`); on the four `seasonal` series, whose amplitudes differ, `on` was better
-still (MASE 0.84 against 1.04, tests/unit/test_forecast.py).
+still (MASE 0.84 against 1.04, tests/unit/forecasting/test_forecast.py).
 """
 
 from __future__ import annotations

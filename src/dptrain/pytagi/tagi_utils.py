@@ -2,7 +2,7 @@
 
 pytagi implements `Utils` in C++; here each helper is numpy (the label coding comes from
 `dptrain.tagi.HRCSoftmax`), with the wheel's dtypes and flat layouts, checked against what the
-wheel returns (tests/unit/test_pytagi_helpers.py).
+wheel returns (tests/unit/pytagi/test_helpers.py).
 """
 
 from __future__ import annotations
