@@ -77,6 +77,13 @@ def _exported(run_dir: Path, out: Path) -> dict:
                                  "normalisation", "class_names", "vocabulary", "sigma_v")}
 
 
+def _refused_export(run_dir: Path, out: Path) -> str:
+    done = run(dptrain_cmd("export", str(run_dir), "--out", str(out)), timeout_s=240)
+    assert done.returncode != 0 and len(done.stderr.splitlines()) == 1, done.output
+    assert "cannot be exported yet" in done.stderr
+    return done.stderr
+
+
 def _outputs(run_dir: Path, work: Path, *, predict_data: str | None = None,
              prompt: str | None = None, export: bool = True) -> dict:
     """What the run's commands give: load_run's predictions on the run's kept examples, an
@@ -202,11 +209,14 @@ def test_a_language_model_run_stands_alone(tmp_path, model):
                      "--val-batches", "1", *warmup)
     before = _outputs(run_dir, tmp_path / "before", prompt="to be")
     before_export = _exported(run_dir, tmp_path / "before.pt2") \
-        if model == "torch-gpt" else None
+        if model == "torch-gpt" else _refused_export(run_dir, tmp_path / "before.pt2")
     moved = _moved(run_dir, tmp_path, text)
     _same(before, _outputs(moved, tmp_path / "after", prompt="to be"))
-    if before_export is not None:
+    if model == "torch-gpt":
         assert _exported(moved, tmp_path / "after.pt2") == before_export
+    else:  # refused alike, in one line, from the run alone
+        assert _refused_export(moved, tmp_path / "after.pt2") == \
+            before_export.replace(str(run_dir), str(moved))
     other = tmp_path / "other.txt"
     other.write_text("that is the question: not to be, or to be.\n" * 12, encoding="utf-8")
     tuned = _cli("train", "--model", model, "--dataset", f"text:{other}", "--block-size", "8",

@@ -92,7 +92,14 @@ def engine_caches(run: TrainedRun) -> list[dict]:
 
 def refuse_recurrent(run: TrainedRun) -> None:
     """A TAGI LSTM carries its hidden and cell states from one call to the next (a forecast
-    feeds its predictions back through them): no single graph of one input is that model."""
+    feeds its predictions back through them): no single graph of one input is that model. A
+    TAGI language model's graph (token ids to the moments of every position's hierarchical
+    softmax) is not written yet: refused in one line rather than half-traced."""
+    if is_language_model(run):
+        raise ExportError(f"{run.run_dir}: {run.model_config.model} cannot be exported yet: "
+                          f"a TAGI language model's export (token ids to each position's "
+                          f"output moments) is not written; dptrain generate samples from "
+                          f"the run, and dptrain.load_run gives its model")
     for path, layer in run.model.named_leaves():
         if isinstance(layer, lstm.LSTM):
             raise ExportError(f"{run.run_dir}: layer {path} ({type(layer).__name__}) cannot be "

@@ -127,7 +127,7 @@ def write(run_dir: str | Path, *, model: str, config: dict[str, Any], seed: int,
     if found is not None:
         return found
     data = DataSpec.of(split)
-    (run_dir / CODE).mkdir(parents=True, exist_ok=True)
+    (run_dir / CARD).parent.mkdir(parents=True, exist_ok=True)
     model_file = _copy_model_file(run_dir, model) if is_model_file(model) else None
     family = None if model_file is not None else get_model(model).family.name
     card = ModelCard(model=model, family=family, config=config, seed=seed, data=data,
@@ -142,6 +142,7 @@ def write(run_dir: str | Path, *, model: str, config: dict[str, Any], seed: int,
 def _copy_model_file(run_dir: Path, spec: str) -> ModelFile:
     source = Path(spec.rpartition(":")[0])
     copy = CODE / source.name
+    (run_dir / CODE).mkdir(exist_ok=True)
     _atomic(run_dir / copy, lambda f: f.write(source.read_bytes()))
     shutil.copymode(source, run_dir / copy)
     return ModelFile(spec=spec, copy=str(copy), sha256=model_file_sha256(spec))
