@@ -91,6 +91,9 @@ def _owner(command: str, name: str) -> type:
 
 
 def _type_name(hint: object) -> str:
+    given = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if isinstance(hint, types.UnionType) and len(given) == 1:
+        hint = given[0]  # an option that may be unset: the flag takes the type's values
     if typing.get_origin(hint) is typing.Literal:
         return " | ".join(code(v) for v in typing.get_args(hint))
     if typing.get_origin(hint) is tuple:

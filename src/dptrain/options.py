@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -68,6 +69,19 @@ def literal_choices(cls: type, name: str) -> tuple[Any, ...] | None:
     return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
 
 
+def value_type(cls: type, name: str) -> type:
+    """The type of the values option `name` of dataclass `cls` takes on the command line and in
+    a TOML file: its annotation's, without the None of an option that may be unset
+    (`int | None` -> int), str for a `Literal` of strings."""
+    hint = typing.get_type_hints(cls)[name]
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0])
+    given = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(given) == 1:
+        return given[0]
+    return hint
+
+
 def pick(cls: type, values: Mapping[str, Any]) -> Any:
     """An instance of dataclass `cls` from the entries of `values` that are its fields (a
     wider options object's fields, or a saved record)."""
@@ -92,3 +106,12 @@ def check_at_least(obj: Any, names: tuple[str, ...], low: int) -> None:
     for name in names:
         if getattr(obj, name) < low:
             raise bad_value(obj, name, f"an integer >= {low}")
+
+
+def check_unset_or_at_least(obj: Any, names: tuple[str, ...], low: int) -> None:
+    """Each integer option in `names` is None (unset) or >= `low`; the message names 0, which
+    its owner reads as unset (as the command line and TOML files give it)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < low:
+            raise bad_value(obj, name, f"an integer >= {low}, or 0 to leave it unset")

@@ -105,7 +105,7 @@ def _fit(rank: int, world_size: int, out: str, gate: tuple[int, bool] | None) ->
     learner = _GatedLearner(model, nn.CrossEntropyLoss(),
                             functools.partial(torch.optim.Adam, lr=1e-2), strategy="fsdp",
                             gate=held)
-    config = TrainConfig(out_dir=Path(out), num_epochs=1, global_batch_size=32,
+    config = TrainConfig(out_dir=Path(out), epochs=1, batch_size=32,
                          checkpoint_every=2, keep_last=10, progress=False)
     summary = Trainer(learner, _split(), config, init_distributed()).fit()
     return {"summary": summary, "events": [] if held is None else held.events}

@@ -43,7 +43,7 @@ def _two_nodes(rank: int, world_size: int, base: str) -> dict:
         manual_seed(0)
         learner = TagiLearner(tagi_mlp(64, 11, hidden=16), task="classification",
                               num_classes=10)
-        config = TrainConfig(out_dir=out, num_epochs=epochs, global_batch_size=64, progress=False)
+        config = TrainConfig(out_dir=out, epochs=epochs, batch_size=64, progress=False)
         return Trainer(learner, small, config, runtime).fit()
 
     # The first attempt: rank 0 ran on node B, so node B's run directory has the checkpoints.

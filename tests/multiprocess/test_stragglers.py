@@ -49,7 +49,7 @@ def _train_with_a_slow_rank(rank: int, world_size: int, model: str, out: str) ->
     slow_rank = int(os.environ["SLOW_RANK"])
     if rank == slow_rank:
         _slowed(learner, DELAY_S)
-    config = TrainConfig(out_dir=Path(out), num_epochs=1, global_batch_size=32, progress=False)
+    config = TrainConfig(out_dir=Path(out), epochs=1, batch_size=32, progress=False)
     summary = Trainer(learner, split, config, init_distributed()).fit()
     return {"warnings": warnings, "slow_ranks": summary["slow_ranks"]}
 

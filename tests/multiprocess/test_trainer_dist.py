@@ -149,7 +149,7 @@ def _peer_lost_in_ddp_backward(rank: int, world_size: int) -> dict:
                   test=ArrayDataset(*digits.test[:64]))
     runtime = init_distributed()
     trainer = Trainer(learner, split, TrainConfig(out_dir=Path(tempfile.mkdtemp()),
-                                                  progress=False, num_epochs=1), runtime)
+                                                  progress=False, epochs=1), runtime)
     ordinary = RuntimeError("mat1 and mat2 shapes cannot be multiplied")
     judged = {"ordinary_kept": as_rank_failure(ordinary) is ordinary,
               "store_error": type(as_rank_failure(dist.DistNetworkError("gone"))).__name__}

@@ -69,7 +69,7 @@ def test_which_learners_take_an_uneven_last_batch():
     assert not learner("tagi-resnet18", images, average=True).uneven_last_batch  # local BN
     assert not learner("torch-mlp", flat).uneven_last_batch  # DDP: a mean of local means
     split = load_digits()
-    config = trainer.TrainConfig(out_dir=Path("unused"), global_batch_size=4)
+    config = trainer.TrainConfig(out_dir=Path("unused"), batch_size=4)
     for model, uneven in (("tagi-mlp", True), ("torch-mlp", False)):
         built = trainer.Trainer(learner(model, split), split, config, init_distributed())
         assert built.sampler.uneven_last_batch is uneven, model

@@ -55,7 +55,7 @@ def test_checkpoints_written_before_read_back_as_they_are(path):
 def test_the_trainers_checkpoints_are_train_states(tmp_path):
     torch.manual_seed(0)
     split = hold_out(load_digits(), 0.1, seed=0)
-    config = TrainConfig(out_dir=tmp_path, global_batch_size=64, max_steps=6, val_every=3,
+    config = TrainConfig(out_dir=tmp_path, batch_size=64, max_steps=6, val_every=3,
                          progress=False, async_checkpoints=False)
     Trainer(make_learner("torch-mlp"), split, config, init_distributed()).fit()
     last = ckpt.validate(tmp_path / "checkpoints" / "step-00000006")

@@ -116,7 +116,7 @@ def test_the_trainer_steps_on_while_its_checkpoint_is_written(tmp_path):
     events: list[str] = []
     learner = _GatedLearner(tagi_mlp(64, 11, hidden=16), task="classification", num_classes=10,
                             gate=_Gate(events, open_at=3))
-    config = TrainConfig(out_dir=tmp_path, num_epochs=1, global_batch_size=256,
+    config = TrainConfig(out_dir=tmp_path, epochs=1, batch_size=256,
                          checkpoint_every=2, keep_last=10, progress=False)
     summary = Trainer(learner, digits, config, init_distributed()).fit()
     assert events.index("step 3") < events.index("gate opened"), events

@@ -28,7 +28,7 @@ from dptrain.launcher.launch import launch
 from dptrain.launcher.rendezvous import rendezvous_argv, rendezvous_conf
 from dptrain.launcher.worker_env import use_threads
 from dptrain.learners.build import model_defaults
-from dptrain.options import field_docs, flag, literal_choices
+from dptrain.options import field_docs, flag, literal_choices, value_type
 from dptrain.train.job import preflight, run_dir, run_training
 from dptrain.train.options import TrainOptions, check_batch_split
 
@@ -80,20 +80,22 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{meta['negative']}", dest=f.name, action="store_const",
                                 const="off")
             continue
-        shown = f" (default {default})" if default != "" and default is not MISSING else ""
+        # An option that may be unset (None) says what unset means in its help instead.
+        shown = f" (default {default})" if default not in ("", None, MISSING) else ""
         choices = literal_choices(TrainOptions, f.name) if meta.get("choices") else None
-        parser.add_argument(f"--{flag(f.name)}", type=type(default), choices=choices,
-                            metavar=meta.get("metavar"), help=text + shown)
+        parser.add_argument(f"--{flag(f.name)}", type=value_type(TrainOptions, f.name),
+                            choices=choices, metavar=meta.get("metavar"), help=text + shown)
 
 
 def _coerce(name: str, value: Any) -> Any:
-    """Check a TOML value's type against the field's default (TOML has real types)."""
-    default = getattr(TrainOptions(), name)
-    if isinstance(default, bool):
+    """Check a TOML value's type against the field's (TOML has real types); an option that may
+    be unset takes its type's values, 0 among them (which `TrainOptions` reads as unset)."""
+    default, kind = getattr(TrainOptions(), name), value_type(TrainOptions, name)
+    if kind is bool:
         ok = isinstance(value, bool)
-    elif isinstance(default, int):
+    elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, float):
+    elif kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
     else:
@@ -106,7 +108,7 @@ def _coerce(name: str, value: Any) -> Any:
                                              and not isinstance(v, bool) for v in value):
             value, ok = ",".join(f"{v:g}" for v in value), True  # milestones = [30, 60, 80]
     if not ok:
-        raise ConfigError(f"key {name!r}: expected a {type(default).__name__}, got {value!r}")
+        raise ConfigError(f"key {name!r}: expected a {kind.__name__}, got {value!r}")
     return value
 
 

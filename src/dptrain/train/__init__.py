@@ -1,7 +1,7 @@
 """The Trainer: epochs, exact distributed metrics, atomic checkpoints, exact resume.
 
     from dptrain.train import Trainer, TrainConfig
-    trainer = Trainer(learner, split, TrainConfig(out_dir=Path("runs/x"), num_epochs=5), runtime)
+    trainer = Trainer(learner, split, TrainConfig(out_dir=Path("runs/x"), epochs=5), runtime)
     summary = trainer.fit()        # every rank calls it; rank 0 writes the run directory
 
 A model family's additions to the report (figures per predicted position, summary entries, its

@@ -1,11 +1,15 @@
 """TrainConfig: how the Trainer trains (every field is stored in each checkpoint and in
 summary.json).
 
-    TrainConfig(out_dir=Path("runs/x"), num_epochs=5, global_batch_size=64, val_every=100)
+    TrainConfig(out_dir=Path("runs/x"), epochs=5, batch_size=64, val_every=100)
+
+Its fields that are options of `dptrain train` carry the names of `FitOptions`' fields
+(`FROM_FIT`), so the fit section reaches the Trainer as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -15,19 +19,35 @@ from dptrain.errors import ConfigError
 from dptrain.train.faults import FailAt
 
 
+FROM_FIT = ("epochs", "batch_size", "seed", "max_steps", "val_every", "val_batches",
+            "peak_flops", "checkpoint_every", "keep_last", "resume", "patience", "progress")
+"""The fields of `TrainConfig` that are `FitOptions`' of the same name and value (the others
+are the Trainer's own, or resolved first: out -> out_dir, the monitored metric, fail_at)."""
+
+RENAMED = {"num_epochs": "epochs", "global_batch_size": "batch_size"}
+"""Fields of `TrainConfig` under the names a checkpoint's or summary.json's "config" written
+before holds them (`saved_config`)."""
+
+
+def saved_config(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A "config" read back from a checkpoint or summary.json, under today's field names."""
+    return {RENAMED.get(name, name): value for name, value in saved.items()}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """How to train; every field is stored in each checkpoint and in summary.json."""
 
     out_dir: Path
     """Run directory: checkpoints/, epochs.csv, tb/, plots, summary.json."""
-    num_epochs: int = 10
-    global_batch_size: int = 32
-    """Samples of one step over all ranks; each rank takes global_batch_size / world_size of
-    them (its local batch). Because rank r takes every world_size-th index of one shared
-    permutation, the global batch of step k is the same samples at any world size (up to the
-    wrap-around padding of an epoch's last step, for a learner that needs equal shards), and a
-    run resumes on any world size that divides it, mid-epoch included."""
+    epochs: int = 10
+    """Epochs to train (not used with max_steps)."""
+    batch_size: int = 32
+    """Samples of one step over all ranks (the global batch); each rank takes batch_size /
+    world_size of them (its local batch). Because rank r takes every world_size-th index of one
+    shared permutation, the global batch of step k is the same samples at any world size (up to
+    the wrap-around padding of an epoch's last step, for a learner that needs equal shards), and
+    a run resumes on any world size that divides it, mid-epoch included."""
     seed: int = 0
     """Seeds the data order and every RNG (rank r draws from seed + r)."""
     checkpoint_every: int | None = None
@@ -60,13 +80,13 @@ class TrainConfig:
     from (seed, epoch, global position), the same on any world size."""
     max_steps: int | None = None
     """End the run at this global (optimizer) step, mid-epoch if so, instead of after
-    num_epochs epochs (then not used)."""
+    `epochs` epochs (then not used)."""
     val_every: int | None = None
     """Validate every this many global steps, and at the run's end, instead of at each epoch
     end; best/ and early stopping (patience in validation points) follow these points, and each
     writes a checkpoint. The test part is evaluated at the end only."""
     val_batches: int | None = None
-    """Validate on this many global batches (global_batch_size samples each) of the validation
+    """Validate on this many global batches (batch_size samples each) of the validation
     part: a seeded choice over the whole part, the same at every point and on every world size
     (`dptrain.train.steps.validation_indices`); None: all of it."""
     peak_flops: float | None = None
@@ -84,7 +104,7 @@ class TrainConfig:
     out what may change on resume (epochs, patience, ...)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_epochs", "global_batch_size", "keep_last", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "keep_last", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.workers < 0:

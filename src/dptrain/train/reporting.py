@@ -122,7 +122,7 @@ class Reporter:
         if self.config.max_steps is not None:
             label = f"epoch {epoch + 1}, step {step}/{self.config.max_steps}"
         else:
-            label = f"epoch {epoch + 1}/{self.config.num_epochs}"
+            label = f"epoch {epoch + 1}/{self.config.epochs}"
         return Progress(total=total, done=done, desc=label,
                         enabled=self.config.progress and self.rank == 0,
                         positions_per_sample=self.extras.positions_per_sample,
@@ -174,7 +174,7 @@ class Reporter:
         if self.tb is not None:
             self.tb.log(record)
         shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "epoch")
-        of = "" if self.config.max_steps is not None else f"/{self.config.num_epochs}"
+        of = "" if self.config.max_steps is not None else f"/{self.config.epochs}"
         dd.rank_zero_print(f"epoch {record['epoch']}{of}  {shown}")
 
     def write_rank_times(self, rows: list[dict[str, Any]], *, epoch: int, step: int) -> None:
@@ -225,7 +225,7 @@ class Reporter:
             if monitor else {"monitor": None}
         ended_early = early.should_stop and (
             step < self.config.max_steps if self.config.max_steps is not None
-            else epoch < self.config.num_epochs)
+            else epoch < self.config.epochs)
         train_s, data_wait_s = totals.train_s, totals.data_wait_s
         return {
             **{k: v for k, v in final.items() if k.startswith("test_")},
@@ -234,7 +234,7 @@ class Reporter:
             **self.step_report(step=step, samples_seen=samples_seen, best_step=best_step),
             "best_epoch": early.best_epoch, **chosen,
             "stopped_early": ended_early,
-            "world_size": self.world_size, "batch_size": self.config.global_batch_size,
+            "world_size": self.world_size, "batch_size": self.config.batch_size,
             "wall_time_s": totals.wall_s,
             "samples_per_s": totals.samples / totals.wall_s if totals.wall_s > 0 else 0.0,
             **self.rates(totals), **self.extras.summary,

@@ -21,7 +21,7 @@ import torch
 from dptrain import runtime as dd
 from dptrain.errors import CheckpointError
 from dptrain.train import checkpoint as ckpt
-from dptrain.train.options import BEFORE_OPTION, RUN_DEFAULTS
+from dptrain.train.options import BEFORE_OPTION, RUN_DEFAULTS, zero_as_unset
 
 LAYOUT_KEY = "parameter_layout"
 """The model's parameter names, shapes and dtypes: compared only when nothing else differs (a
@@ -52,9 +52,10 @@ def _shown(value: Any) -> str:
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """`name old -> new` for each key whose values differ; the layout only if nothing else.
     An option the saved record lacks (it was written before the option existed) matches its
-    default, or the value meaning what dptrain did before it (`BEFORE_OPTION`): upgrading
-    dptrain does not strand a run."""
-    saved, current = as_json(saved), as_json(current)
+    default, or the value meaning what dptrain did before it (`BEFORE_OPTION`); an option
+    saved as 0 that is now unset as None reads as None (`zero_as_unset`): upgrading dptrain
+    does not strand a run."""
+    saved, current = as_json(zero_as_unset(saved)), as_json(current)
     defaults = as_json({**RUN_DEFAULTS, **BEFORE_OPTION})
     found = []
     for name in sorted((set(saved) | set(current)) - {LAYOUT_KEY}):

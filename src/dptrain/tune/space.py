@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dptrain.errors import ConfigError
-from dptrain.options import flag
+from dptrain.options import flag, value_type
 from dptrain.train.options import TrainOptions
 
 KINDS = ("log", "float", "int", "choice")
@@ -52,8 +52,8 @@ class Dimension:
 
 
 def _option_types() -> dict[str, type]:
-    defaults = TrainOptions()
-    return {f.name: type(getattr(defaults, f.name)) for f in fields(TrainOptions)}
+    """Each option's type of values (int for one that may be unset, `int | None`)."""
+    return {f.name: value_type(TrainOptions, f.name) for f in fields(TrainOptions)}
 
 
 def _number(text: str, where: str, kind: type) -> float:

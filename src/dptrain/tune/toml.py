@@ -18,8 +18,10 @@ def value_text(value: Any) -> str:
 
 
 def write_toml(path: Path, values: dict[str, Any], header: str = "") -> None:
+    """`values` as TOML keys; one that is None (an unset option: TOML has no null) is left
+    out, which reads back as unset."""
     lines = [f"# {line}" for line in header.splitlines()]
-    lines += [f"{key} = {value_text(values[key])}" for key in values]
+    lines += [f"{key} = {value_text(values[key])}" for key in values if values[key] is not None]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)
