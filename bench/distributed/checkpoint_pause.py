@@ -59,7 +59,7 @@ def one_epoch(model: str, split, args, out: Path, asynchronous: bool,
                 if k in ModelConfig.__dataclass_fields__}
     learner = create_learner(ModelConfig(**{**defaults, "model": model, "width": args.width}),
                              LearnerConfig(strategy=strategy), split, seed=0)
-    config = TrainConfig(out_dir=out, num_epochs=1, global_batch_size=args.batch_size,
+    config = TrainConfig(out_dir=out, epochs=1, batch_size=args.batch_size,
                          checkpoint_every=args.every, keep_last=2, progress=False,
                          async_checkpoints=asynchronous)
     trainer = Trainer(learner, split, config, init_distributed())

@@ -192,8 +192,8 @@ def _worker(rank: int, repeat: int, batch: int, steps: int, epochs: int, tmp: st
                   test=ArrayDataset(data[2], data[3]), task="classification", num_classes=10)
     learner = TorchLearner(_model(), nn.CrossEntropyLoss(),
                            functools.partial(torch.optim.Adam, lr=LR))
-    config = TrainConfig(out_dir=run_dir / "run", num_epochs=epochs,
-                         global_batch_size=batch * WORLD_SIZE, seed=SEED, resume="never",
+    config = TrainConfig(out_dir=run_dir / "run", epochs=epochs,
+                         batch_size=batch * WORLD_SIZE, seed=SEED, resume="never",
                          eval_batch_size=EVAL_BATCH, progress=False)
     trainer = Trainer(learner, split, config, runtime)
 

@@ -99,7 +99,7 @@ def run_one(split, model: str, hidden: int, seed: int, epochs: int, out: Path) -
         return end_training(means)
 
     learner.end_training = keep_scores
-    config = TrainConfig(out_dir=out, num_epochs=epochs, seed=seed, progress=False,
+    config = TrainConfig(out_dir=out, epochs=epochs, seed=seed, progress=False,
                          async_checkpoints=False, keep_last=1)
     Trainer(learner, split, config, init_distributed()).fit()
     val_probs, y_val = _probabilities(learner, split.validation)

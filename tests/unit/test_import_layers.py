@@ -16,7 +16,7 @@ import pytest
 
 import dptrain
 
-LAYERS = ("runtime", "launcher", "data", "tagi", "pytagi", "learners", "train", "generation",
+LAYERS = ("runtime", "launcher", "data", "tagi", "pytagi", "models", "learners", "train", "generation",
           "inference", "export", "tune",
           "cli")
 """Bottom to top; a module may import its own layer and those listed before it."""

@@ -8,6 +8,8 @@ tests/e2e/test_train_steps_cli.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import json
 import math
@@ -29,8 +31,10 @@ from dptrain.learners.torch_learner import TorchLearner
 from dptrain.train.flops import cuda_peak, mfu
 from dptrain.train.options import TrainOptions
 from dptrain.train.extras import MetricExtras
-from dptrain.train.job import metric_extras
-from dptrain.train.steps import language_metrics, samples_seen, validation_indices
+from dptrain.models import DataSpec
+from dptrain.models.gpt import language_metrics as language_report
+from dptrain.models.gpt import per_position_figures
+from dptrain.train.steps import samples_seen, validation_indices
 from dptrain.train.trainer import metric_names
 
 SPLIT = hold_out(load_digits(), 0.1, seed=0)  # 1293 train, 144 validation, 360 test
@@ -59,7 +63,7 @@ def _learner(crash_at: int | None = None, schedule: LrSchedule | None = None):
 
 def _fit(out: Path, learner=None, split: Split = SPLIT, extras: MetricExtras = MetricExtras(),
          **config) -> dict:
-    config = {"global_batch_size": BATCH, "progress": False, "async_checkpoints": False,
+    config = {"batch_size": BATCH, "progress": False, "async_checkpoints": False,
               **config}
     return Trainer(learner or _learner(), split, TrainConfig(out_dir=out, **config),
                    init_distributed(), extras=extras).fit()
@@ -89,13 +93,14 @@ def test_samples_seen_is_a_function_of_the_step_alone():
 
 
 def test_perplexity_and_bits_come_from_the_per_token_loss_named_by_the_unit():
-    got = language_metrics({"loss": 1.5, "error": 0.4}, "val", "character")
+    got = per_position_figures("character")({"loss": 1.5, "error": 0.4}, "val")
     assert got == {"val_perplexity": pytest.approx(math.exp(1.5)),
                    "val_bits_per_character": pytest.approx(1.5 / math.log(2))}
-    assert set(language_metrics({"loss": 2.0}, "test", "byte")) == {"test_perplexity",
-                                                                   "test_bits_per_byte"}
-    assert language_metrics({"error": 0.1}, "val", "token") == {}
-    assert "val_bits_per_token" in metric_names(["loss", "error"], "val", "token")
+    assert set(per_position_figures("byte")({"loss": 2.0}, "test")) == {"test_perplexity",
+                                                                      "test_bits_per_byte"}
+    assert per_position_figures("token")({"error": 0.1}, "val") == {}
+    extras = MetricExtras(derive=per_position_figures("token"))
+    assert "val_bits_per_token" in metric_names(["loss", "error"], "val", extras)
     assert "val_perplexity" not in metric_names(["loss", "error"], "val")
 
 
@@ -138,7 +143,7 @@ def test_the_cli_schedule_counts_warmup_in_steps_with_max_steps():
 
     config = LearnerConfig(schedule="cosine", warmup=100, min_lr=1e-4, lr=1e-3)
     s = lr_schedule(config, 1293, RunLength(batch_size=32, epochs=1, max_steps=2000,
-                                            decay_steps=1800))
+                                            lr_decay_steps=1800))
     assert (s.total_steps, s.warmup_steps, s.decay_steps) == (2000, 100, 1800)
     # without max-steps, warmup stays in schedule-unit (epochs): 100 epochs of 41 steps
     with pytest.raises(ConfigError, match="warmup 100 epochs is as long as the run"):
@@ -151,7 +156,7 @@ def test_the_cli_schedule_counts_warmup_in_steps_with_max_steps():
     ({"lr_decay_steps": 50}, "give max-steps too"),
     ({"max_steps": 500, "warmup": 100.0, "lr_decay_steps": 80},
      "lr-decay-steps 80 is not longer than warmup 100"),
-    ({"val_every": -1}, "val-every: expected an integer >= 0"),
+    ({"val_every": -1}, "val-every: expected an integer >= 1, or 0 to leave it unset"),
     ({"peak_flops": -1.0}, "peak-flops: expected FLOP/s > 0"),
 ])
 def test_inconsistent_steps_are_one_line(flags, message):
@@ -162,7 +167,7 @@ def test_inconsistent_steps_are_one_line(flags, message):
 
 # --------------------------------------------------------------------------- the Trainer
 def test_max_steps_ends_the_run_mid_epoch_at_exactly_that_step(tmp_path):
-    summary = _fit(tmp_path, max_steps=50, num_epochs=1)  # epochs are not what ends it
+    summary = _fit(tmp_path, max_steps=50, epochs=1)  # epochs are not what ends it
     assert summary["steps"] == 50 and summary["final_epoch"] == 2
     assert summary["epochs_done"] == pytest.approx(50 / PER_EPOCH)
     assert summary["samples_seen"] == 1293 + 9 * BATCH
@@ -272,6 +277,11 @@ def _token_split() -> Split:
                  unknown_tokens={"validation": 2, "test": 0})
 
 
+def metric_extras(split: Split):
+    """The language models' report extras, for windows of one position."""
+    return dataclasses.replace(language_report(DataSpec.of(split)), positions_per_sample=1)
+
+
 def test_token_data_report_perplexity_bits_tokens_per_second_and_mfu(tmp_path):
     learner = _learner()
     learner.module.flops_per_token = lambda: 1.0e4
@@ -318,7 +328,8 @@ def test_the_trainer_adds_only_the_extras_it_is_given(tmp_path):
     assert not {"tokens_per_s", "tokens_seen", "mfu", "vocabulary", "val_perplexity"} & \
         set(plain)
     assert plain["monitor"] == "val_error"  # the task's: nobody said the loss chooses
-    extras = MetricExtras(unit="pixel", positions_per_sample=4, monitor="loss",
+    extras = MetricExtras(derive=per_position_figures("pixel"), positions_per_sample=4,
+                          monitor="loss",
                           summary={"source": "digits"})
     summary = _fit(tmp_path / "extras", split=SPLIT, extras=extras, max_steps=3, val_every=3)
     assert summary["source"] == "digits" and summary["monitor"] == "val_loss"

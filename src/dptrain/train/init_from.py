@@ -5,8 +5,8 @@ schedule, sampler and σ_v schedule. Tensors are matched by name and shape; one 
 differs (a new number of classes) keeps this run's fresh initialisation and is named; a tensor
 only one side has is an error unless `init_partial`. For a TAGI network the source's means and
 variances become the new run's prior, BatchNorm statistics included (docs/tagi.md, Sequential
-learning from a trained run). The new run keeps the source's input normalisation: its model was trained in that
-input space (docs/finetune_export.md).
+learning from a trained run). The new run keeps the source's input normalisation: its model
+was trained in that input space (docs/tutorials/finetune_export.md).
 
     from dptrain.train import init_from
 

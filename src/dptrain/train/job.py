@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,7 @@ import torch
 
 from dptrain import runtime as dd
 from dptrain.data import Split
-from dptrain.data.config import NO_VALIDATION, DataConfig, load_split, resolve_workers
-from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
+from dptrain.data.config import NO_VALIDATION, load_split, resolve_workers
 from dptrain.data.loader import fetch_batch
 from dptrain.data.mixing import Mixing
 from dptrain.runtime import (
@@ -52,13 +51,17 @@ from dptrain.learners.build import (
 )
 from dptrain.learners.config import LearnerConfig, ModelConfig, refuse_torch_options
 from dptrain.learners.torch_learner import TorchLearner
+from dptrain import models
+from dptrain.models import DataSpec
+from dptrain.models import card as run_card
 from dptrain.train import init_from
 from dptrain.train.faults import ENV_VAR as FAIL_AT_ENV
 from dptrain.train.faults import FailAt
 from dptrain.train import resume
-from dptrain.train.options import TrainOptions, as_saved, run_record
-from dptrain.train.config import TrainConfig
-from dptrain.train.extras import MetricExtras
+from dptrain.options import pick
+from dptrain.train.options import FitOptions, TrainOptions, as_saved, run_record
+from dptrain.train.config import FROM_FIT, TrainConfig, saved_config
+from dptrain.train.extras import NONE, MetricExtras
 from dptrain.train.metric_names import metric_names, split_monitor
 from dptrain.train.trainer import Trainer
 
@@ -84,9 +87,9 @@ def agreed_run_dir(options: TrainOptions, started_at: float) -> str:
 def load_job_split(options: TrainOptions, source: init_from.Source | None = None) -> Split:
     """The run's data; started from a language model (`source`), in its vocabulary."""
     vocabulary = source.vocabulary if source is not None else None
-    return model_split(options.part(ModelConfig), load_split(options.part(DataConfig),
-                                                             seed=options.seed,
-                                                             vocabulary=vocabulary))
+    sections = options.sections()
+    return model_split(sections.model, load_split(sections.data, seed=sections.fit.seed,
+                                                  vocabulary=vocabulary))
 
 
 def resumed_options(options: TrainOptions) -> TrainOptions:
@@ -106,18 +109,19 @@ def preflight(options: TrainOptions) -> None:
     with silenced("dptrain.data.datasets.series"):
         # a left-out or constant series is named once, by the workers' rank 0
         split = load_job_split(options, source)
-    model, kind = create_model(options.part(ModelConfig), split, seed=options.seed,
-                               dataset=options.dataset)
+    sections = options.sections()
+    model, kind = create_model(sections.model, split, seed=sections.fit.seed,
+                               dataset=sections.data.dataset)
     if kind == "tagi":
-        refuse_torch_options(options.part(LearnerConfig), options.model)
+        refuse_torch_options(sections.learner, options.model)
     else:  # the schedule against the run's length (warmup, milestones); mixing and the data
-        lr_schedule(options.part(LearnerConfig), len(split.train), run_length(options))
+        lr_schedule(sections.learner, len(split.train), run_length(sections.fit))
         mixing(options, split)
     check_monitor(options, split)
     if options.init_from or options.freeze:  # a bad source or prefix, before workers start
         if source is not None:
             init_from.source_space(split, source)
-        init_from.initialise(model, kind, source, options.part(init_from.InitOptions))
+        init_from.initialise(model, kind, source, sections.init)
 
 
 def monitor_of(options: TrainOptions, split: Split) -> str:
@@ -129,23 +133,14 @@ def monitor_of(options: TrainOptions, split: Split) -> str:
         return options.monitor
     if options.val_size == NO_VALIDATION:
         return "test_error" if split.task == "classification" else "test_rmse"
-    monitor = split_monitor(split, metric_extras(split))
+    monitor = split_monitor(split, metric_extras(options, split))
     return ema_metric(monitor) if options.ema and monitor else monitor
 
 
-def metric_extras(split: Split) -> MetricExtras:
-    """What the split's model family adds to the Trainer's report: for token data, bits per
-    unit (a character, byte or token), the positions of a window, the vocabulary's summary
-    entries and the loss as the default monitor; nothing for other data."""
-    vocabulary = split.vocabulary
-    if vocabulary is None:
-        return MetricExtras()
-    _, y = fetch_batch(split.train, 0, torch.arange(1))  # one sample's target positions
-    return MetricExtras(
-        unit=vocabulary.unit, positions_per_sample=max(1, y[0].numel()), monitor="loss",
-        summary={"vocabulary": {"kind": vocabulary.kind, "size": vocabulary.size,
-                                "file": VOCABULARY_FILE},
-                 "unknown_tokens": dict(split.unknown_tokens)})
+def metric_extras(options: TrainOptions, split: Split) -> MetricExtras:
+    """What the model's family adds to the Trainer's report on this data
+    (`dptrain.models.metric_extras`)."""
+    return models.metric_extras(options.model, DataSpec.of(split))
 
 
 def mixing(options: TrainOptions, split: Split) -> Mixing | None:
@@ -163,10 +158,20 @@ def mixing(options: TrainOptions, split: Split) -> Mixing | None:
                   seed=options.seed)
 
 
-def run_length(options: TrainOptions) -> RunLength:
-    return RunLength(batch_size=options.batch_size, epochs=options.epochs,
-                     max_steps=options.max_steps or None,
-                     decay_steps=options.lr_decay_steps or None)
+def write_model_card(options: TrainOptions, split: Split) -> None:
+    """Rank 0, before the first step: what rebuilds the model from the run alone
+    (`dptrain.models.card`); a resumed run keeps the card it began with."""
+    if get_rank() != 0:
+        return
+    learner = options.part(LearnerConfig)
+    run_card.write(options.out, model=options.model, config=asdict(options.part(ModelConfig)),
+                   seed=options.seed, split=split,
+                   decoding={"sigma_v": learner.sigma_v, "hrc_link": learner.hrc_link})
+
+
+def run_length(fit: FitOptions) -> RunLength:
+    """What the learning-rate schedule is laid over: the fit section's fields of that name."""
+    return pick(RunLength, fit)
 
 
 
@@ -186,13 +191,14 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
     epoch and step): what the learner it builds reports, found by asking it, not by a list
     kept in step with it by hand. One training step and one evaluation on a few samples, on
     this process's CPU, with no process group, on a learner made for the purpose."""
-    model = options.part(ModelConfig)
+    sections = options.sections()
+    model = sections.model
     if model.precision == "fp16":  # needs CUDA; the metrics are those of float32
         model = replace(model, precision="32")
     # A probe of one step judges nothing: its collapse verdict would be about two samples.
-    learner_config = replace(options.part(LearnerConfig), stop_on_collapse=False)
-    learner = create_learner(model, learner_config, split, seed=options.seed,
-                             dataset=options.dataset, run=run_length(options))
+    learner_config = replace(sections.learner, stop_on_collapse=False)
+    learner = create_learner(model, learner_config, split, seed=sections.fit.seed,
+                             dataset=sections.data.dataset, run=run_length(sections.fit))
     learner.setup(Runtime(SINGLE, None, torch.device("cpu"), timedelta(seconds=60)))
     # Two samples at least: BatchNorm needs two values per channel to train.
     with silenced("dptrain.learners.tagi_learner"):
@@ -203,9 +209,9 @@ def reported_metrics(options: TrainOptions, split: Split) -> list[str]:
         parts = ("val", "test") if split.validation is not None else ("test",)
         # each part as it is evaluated: the validation part reports what chooses
         evaluated = {part: learner.end_evaluation(means(tested), part) for part in parts}
-    unit = metric_extras(split).unit
-    names = [*metric_names(learner.end_training(means(train)), "train", unit),
-             *(name for part in parts for name in metric_names(evaluated[part], part, unit))]
+    extras = metric_extras(options, split)
+    names = [*metric_names(learner.end_training(means(train)), "train", extras),
+             *(name for part in parts for name in metric_names(evaluated[part], part, extras))]
     return sorted(set(names))
 
 
@@ -213,7 +219,7 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
     """A --monitor the run does not report is refused in one line that lists those it does;
     a test metric too (validation chooses, test reports), but for a run from before
     validation parts that monitored one."""
-    if not options.monitor or options.monitor == split_monitor(split, metric_extras(split)):
+    if not options.monitor or options.monitor == split_monitor(split, metric_extras(options, split)):
         return
     if options.monitor.startswith("test_") and options.val_size != NO_VALIDATION:
         raise ConfigError(f"--monitor {options.monitor}: the test part is evaluated and "
@@ -228,26 +234,23 @@ def check_monitor(options: TrainOptions, split: Split) -> None:
 
 def train_config(options: TrainOptions, split: Split, *, torch_model: bool = False
                  ) -> TrainConfig:
-    """The Trainer's config: the options, with the monitored metric the task implies (its EMA
-    twin with --ema); a torch model's peak learning rate in the record."""
-    fail_at = options.fail_at or os.environ.get(FAIL_AT_ENV, "")
+    """The Trainer's config: the fit section's fields as they are (`FROM_FIT`), with the run
+    directory, the monitored metric the task implies (its EMA twin with --ema) and a torch
+    model's peak learning rate in the record."""
+    sections = options.sections()
+    fit = sections.fit
+    fail_at = fit.fail_at or os.environ.get(FAIL_AT_ENV, "")
     monitor = monitor_of(options, split)
     record = dict(vars(options))
     if torch_model:  # what --lr became at this global batch (--lr-scaling)
-        record["peak_lr"] = peak_lr(options.part(LearnerConfig), options.batch_size)
+        record["peak_lr"] = peak_lr(sections.learner, fit.batch_size)
     return TrainConfig(
-        out_dir=Path(options.out), num_epochs=options.epochs,
-        global_batch_size=options.batch_size, seed=options.seed,
-        checkpoint_every=options.checkpoint_every or None, keep_last=options.keep_last,
-        resume=options.resume, monitor=monitor,
-        monitor_mode="max" if "log_likelihood" in monitor else "min",
-        patience=options.patience or None, progress=options.progress,
-        max_steps=options.max_steps or None, val_every=options.val_every or None,
-        val_batches=options.val_batches or None, peak_flops=options.peak_flops or None,
+        **{name: getattr(fit, name) for name in FROM_FIT}, out_dir=Path(fit.out),
+        monitor=monitor, monitor_mode="max" if "log_likelihood" in monitor else "min",
         fail_at=FailAt.parse(fail_at) if fail_at else None, record=record,
         mixing=mixing(options, split) if torch_model else None,
         run_record=run_record(options),
-        workers=resolve_workers(options.part(DataConfig), split, torch.get_num_threads()))
+        workers=resolve_workers(sections.data, split, torch.get_num_threads()))
 
 
 def run_training(options: TrainOptions, *, preflown: bool = False) -> dict[str, Any]:
@@ -281,13 +284,12 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
     if source is not None:
         split = init_from.source_space(split, source)
     check_same_files(split)
-    learner = create_learner(options.part(ModelConfig), options.part(LearnerConfig), split,
-                             seed=options.seed, dataset=options.dataset,
-                             run=run_length(options))
+    sections = options.sections()
+    learner = create_learner(sections.model, sections.learner, split, seed=sections.fit.seed,
+                             dataset=sections.data.dataset, run=run_length(sections.fit))
     config = train_config(options, split, torch_model=isinstance(learner, TorchLearner))
     if source is not None or options.freeze:
-        said = init_from.initialise(*learner_model(learner), source,
-                                    options.part(init_from.InitOptions))
+        said = init_from.initialise(*learner_model(learner), source, sections.init)
         rank_zero_print(f"dptrain train: {said}")
     if source is not None:
         config = replace(config, run_record={**config.run_record, **source.record()})
@@ -303,18 +305,14 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         params = sum(p.numel() for p in model.parameters())
         rank_zero_print(f"model: {params / 1e6:.2f} M parameters, {counted[0] / 1e6:.2f} MFLOP "
                         f"per token to train (forward and backward)")
-    if get_rank() == 0 and split.vocabulary is not None:
-        # the run's files: moved to the run card
-        vocabulary_file = Path(options.out) / VOCABULARY_FILE
-        if not vocabulary_file.exists():  # generate, init-from and load_run read it
-            vocabulary_file.parent.mkdir(parents=True, exist_ok=True)
-            split.vocabulary.save(vocabulary_file)
-    summary = Trainer(learner, split, config, runtime, extras=metric_extras(split)).fit()
+    write_model_card(options, split)
+    summary = Trainer(learner, split, config, runtime,
+                      extras=metric_extras(options, split)).fit()
     if summary.get("failed_after_training"):  # the run is whole; what came after it is not
         raise AfterTrainingFailed(
             f"training ended and its checkpoints are whole in {options.out}, but after it "
             f"{summary['failed_after_training']} (summary.json: failed_after_training)")
-    rank_zero_print(f"done: {headline(summary, split.task)} after {run_extent(summary)}, "
+    rank_zero_print(f"done: {headline(summary, split.task, metric_extras(options, split))} after {run_extent(summary)}, "
                     f"{chosen_by(summary)}, {summary['samples_per_s']:.0f} samples/s"
                     f"{token_rates(summary)}, {summary['wall_time_s']:.1f} s\n"
                     f"run directory: {options.out} (summary.json, epochs.csv, "
@@ -341,7 +339,7 @@ def optimizer_line(options: TrainOptions, peak: float) -> str:
     scaled = "" if options.lr_scaling == "none" else \
         f" ({options.lr:g} at batch {options.lr_batch}, {options.lr_scaling} scaling to batch " \
         f"{options.batch_size})"
-    unit = "steps" if options.max_steps else options.schedule_unit  # a run counted in steps
+    unit = "steps" if options.max_steps is not None else options.schedule_unit  # in steps
     warmup = f", warmup {options.warmup:g} {unit}" if options.warmup else ""
     return f"peak {peak:.6g}{scaled}, {options.optimizer}, schedule {options.schedule}{warmup}"
 
@@ -359,7 +357,7 @@ def check_same_files(split: Split) -> None:
 
 def run_extent(summary: dict[str, Any]) -> str:
     """How far the run went: its epochs, and its steps when it was counted in steps."""
-    config = summary.get("config", {})
+    config = saved_config(summary.get("config", {}))
     if config.get("max_steps") or config.get("val_every"):
         return f"{summary['steps']} step(s) ({summary['epochs_done']:.3g} epochs)"
     return f"{summary['final_epoch']} epoch(s)"
@@ -378,30 +376,22 @@ def chosen_by(summary: dict[str, Any]) -> str:
     monitor = summary.get("monitor")
     if not monitor or summary.get("best_epoch") is None:
         return "no best/ (nothing monitored)"
-    where = f"step {summary['best_step']}" if summary.get("config", {}).get("val_every") \
-        else f"epoch {summary['best_epoch']}"
+    counted_in_steps = saved_config(summary.get("config", {})).get("val_every")
+    where = f"step {summary['best_step']}" if counted_in_steps else \
+        f"epoch {summary['best_epoch']}"
     return f"best/ {where} by {monitor} {summary[f'best_{monitor}']:.4g}"
 
 
-def headline(summary: dict[str, Any], task: str) -> str:
-    """The test metric users look at first, with how calibrated the predictions are."""
+def headline(summary: dict[str, Any], task: str, extras: MetricExtras = NONE) -> str:
+    """The test metric users look at first, with how calibrated the predictions are; the
+    model family's figures where it leads with its own (`MetricExtras.headline`)."""
     def pct(key: str, digits: int = 1) -> str:
         value = summary.get(key)
         return "n/a" if value is None else f"{100 * value:.{digits}f} %"
 
-    # Token data: per-token loss in nats; the validation part's when there is no test part.
-    part = next((p for p in ("test", "val") if summary.get(f"{p}_perplexity") is not None), None)
-    if part is not None:
-        bits = next((k for k in summary if k.startswith(f"{part}_bits_per_")), None)
-        shown = f"{part}_loss {summary[f'{part}_loss']:.4f}, perplexity " \
-                f"{summary[f'{part}_perplexity']:.4g}"
-        if bits is not None:
-            shown += f", {summary[bits]:.4f} bits per {bits[len(f'{part}_bits_per_'):]}"
-        if part == "test" and summary.get("val_loss") is not None:
-            shown += f" (val_loss {summary['val_loss']:.4f})"
-        elif part == "val":
-            shown += " (no test part)"
-        return shown
+    led = extras.headline(summary) if extras.headline is not None else None
+    if led is not None:
+        return led
     if task == "classification":
         shown = f"test_error {pct('test_error', 2)}"
         if summary.get("test_ece") is not None:
@@ -413,7 +403,7 @@ def headline(summary: dict[str, Any], task: str) -> str:
     if summary.get("test_coverage_2sigma") is not None:
         shown += (f", interval coverage 1σ {pct('test_coverage_1sigma')} / 2σ "
                   f"{pct('test_coverage_2sigma')} / 3σ {pct('test_coverage_3sigma')}")
-    if summary.get("forecast_rmse") is not None:  # a time series (docs/forecasting.md)
+    if summary.get("forecast_rmse") is not None:  # a time series (docs/tutorials/forecasting.md)
         naive = summary.get("forecast_nd_naive")
         versus = "" if naive is None else f" (seasonal naive {naive:.3f})"
         shown += (f"; forecast of the test part: rmse {summary['forecast_rmse']:.4g}, ND "

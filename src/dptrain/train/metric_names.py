@@ -7,8 +7,7 @@ none is named.
 
 A learner reports its metrics by bare name (`loss`, `error`, `mse`); the Trainer reports them
 prefixed by their part (`train`, `val`, `test`), with the figures derived from them: rmse from
-mse, and with a `MetricExtras.unit` (a loss per predicted position) perplexity and bits per
-unit.
+mse, and those the model's family derives (`MetricExtras.derive`).
 """
 
 from __future__ import annotations
@@ -17,27 +16,27 @@ import math
 from collections.abc import Iterable
 
 from dptrain.data import Split
-from dptrain.train import steps
 from dptrain.train.extras import NONE, MetricExtras
 
 
-def derived(means: dict[str, float], prefix: str, unit: str | None = None) -> dict[str, float]:
-    """`{prefix}_{name}` per metric, plus rmse from mse (and ema_rmse from ema_mse); with a
-    `unit` (what one predicted position is) perplexity and bits per unit from the loss per
-    position."""
+def derived(means: dict[str, float], prefix: str, extras: MetricExtras = NONE
+            ) -> dict[str, float]:
+    """`{prefix}_{name}` per metric, plus rmse from mse (and ema_rmse from ema_mse), and the
+    figures the model's family derives (`extras.derive`)."""
     out = {f"{prefix}_{k}": v for k, v in means.items()}
     for name in ("mse", "ema_mse"):
         if name in means:
             out[f"{prefix}_{name[:-3]}rmse"] = math.sqrt(means[name])
-    if unit is not None:
-        out.update(steps.language_metrics(means, prefix, unit))
+    if extras.derive is not None:
+        out.update(extras.derive(means, prefix))
     return out
 
 
-def metric_names(reported: Iterable[str], prefix: str, unit: str | None = None) -> list[str]:
+def metric_names(reported: Iterable[str], prefix: str, extras: MetricExtras = NONE
+                 ) -> list[str]:
     """The columns of epochs.csv that metrics reported as `reported` become (`train`, `val`
-    or `test` prefix, rmse from mse, perplexity and bits per `unit` with a unit)."""
-    return list(derived(dict.fromkeys(reported, 0.0), prefix, unit))
+    or `test` prefix, rmse from mse, the family's derived figures)."""
+    return list(derived(dict.fromkeys(reported, 1.0), prefix, extras))
 
 
 def default_monitor(task: str, has_validation: bool, family: str | None = None,

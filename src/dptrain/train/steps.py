@@ -1,10 +1,8 @@
-"""Steps as the run's clock: which validation samples a step-counted run looks at, how many
-samples it has seen at a step, and the language-model metrics derived from a per-token loss.
+"""Steps as the run's clock: which validation samples a step-counted run looks at and how many
+samples it has seen at a step.
 
     validation_indices(len(split.validation), batches=20, batch_size=64, seed=0)
     samples_seen(130, steps_per_epoch=40, global_batch_size=25, num_samples=1000)  # 3250
-    language_metrics({"loss": 1.2}, "val", unit="character")
-    # {"val_perplexity": 3.32, "val_bits_per_character": 1.73}
 
 A run's validation points, its length and its schedule are functions of the global step (the
 optimizer steps of all ranks together), never of the world size: the validation samples are a
@@ -16,7 +14,6 @@ ceil(samples / global batch) steps.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -46,12 +43,3 @@ def samples_seen(step: int, *, steps_per_epoch: int, global_batch_size: int,
     return epochs * num_samples + min(within * global_batch_size, num_samples)
 
 
-def language_metrics(means: dict[str, float], prefix: str, unit: str) -> dict[str, float]:
-    """Perplexity (exp of the loss in nats per token) and bits per `unit` (the loss / ln 2) of
-    a part whose `loss` is the mean cross-entropy per token; {} without one."""
-    loss = means.get("loss")
-    if loss is None or not math.isfinite(loss):
-        return {}
-    # exp overflows past ~709 nats: an untrained model on a huge vocabulary is still infinite
-    perplexity = math.exp(loss) if loss < 700 else math.inf
-    return {f"{prefix}_perplexity": perplexity, f"{prefix}_bits_per_{unit}": loss / math.log(2)}

@@ -9,7 +9,7 @@ learner's `train_step`, in the metric reduction at each epoch end and validation
 around checkpoints.
 
 Steps are the run's clock (docs/howto/checkpoints.md, Steps and validation points): a run ends
-after `num_epochs` epochs or at global step `max_steps` (mid-epoch if so: epochs are then a view
+after `epochs` epochs or at global step `max_steps` (mid-epoch if so: epochs are then a view
 of steps), and validates at each epoch end or, with `val_every`, every that many steps and at
 its end. Each validation point is a row of steps.csv (when the run counts steps) and a chance
 for best/ and early stopping; with `val_every` each also writes a checkpoint, so that best/ can
@@ -82,12 +82,12 @@ class Trainer:
         self.learner, self.split, self.config, self.runtime = learner, split, config, runtime
         self.extras = extras
         self.rank, self.world_size = runtime.env.rank, runtime.env.world_size
-        if config.global_batch_size % self.world_size:
-            works = ", ".join(map(str, world_sizes_dividing(config.global_batch_size)))
-            raise ConfigError(f"global_batch_size {config.global_batch_size} must be divisible "
+        if config.batch_size % self.world_size:
+            works = ", ".join(map(str, world_sizes_dividing(config.batch_size)))
+            raise ConfigError(f"batch_size {config.batch_size} must be divisible "
                               f"by the world size {self.world_size}: every rank takes an equal "
                               f"share; world sizes that work: {works}")
-        self.local_batch_size = config.global_batch_size // self.world_size
+        self.local_batch_size = config.batch_size // self.world_size
         self._build_data()
         self.report = Reporter(config, extras, rank=self.rank, world_size=self.world_size,
                                steps_per_epoch=self.steps_per_epoch)
@@ -171,7 +171,7 @@ class Trainer:
         if dataset is None or self.config.val_batches is None:
             return dataset
         chosen = steps.validation_indices(len(dataset), batches=self.config.val_batches,
-                                          batch_size=self.config.global_batch_size,
+                                          batch_size=self.config.batch_size,
                                           seed=self.config.seed)
         return dataset if chosen is None else subset(dataset, chosen)
 
@@ -229,7 +229,7 @@ class Trainer:
             # The epoch ends here, or the run in it (max_steps, or an early stop at a point).
             epoch_complete = self.sampler.num_remaining == 0
             last = self._stopped() or (epoch_complete and self.config.max_steps is None
-                                       and self.epoch + 1 >= self.config.num_epochs)
+                                       and self.epoch + 1 >= self.config.epochs)
             train_means = self._epoch_means(clear=epoch_complete)
             improved = self._end_epoch(train_means, self._epoch_evaluation(last), last)
             self._log_step_times()
@@ -254,7 +254,7 @@ class Trainer:
     def _run_over(self) -> bool:
         """Nothing is left to train (a run resumed from its last checkpoint included)."""
         return self._stopped() or (self.config.max_steps is None
-                                   and self.epoch >= self.config.num_epochs)
+                                   and self.epoch >= self.config.epochs)
 
     def _train_epoch(self) -> int:
         """Steps to the epoch's end, to max_steps, or to an early stop at a validation point;
@@ -318,7 +318,7 @@ class Trainer:
 
     def _samples_seen(self) -> int:
         return steps.samples_seen(self.step, steps_per_epoch=self.steps_per_epoch,
-                                  global_batch_size=self.config.global_batch_size,
+                                  global_batch_size=self.config.batch_size,
                                   num_samples=len(self.split.train))
 
     def _epoch_means(self, *, clear: bool) -> dict[str, float]:
@@ -328,7 +328,7 @@ class Trainer:
         if clear:
             self._epoch_sums = {}
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        return derived(self.learner.end_training(means), "train", self.extras.unit)
+        return derived(self.learner.end_training(means), "train", self.extras)
 
     def _epoch_evaluation(self, last: bool) -> dict[str, dict[str, float]]:
         """The parts evaluated at this epoch end: every part, or with `val_every` (whose
@@ -354,7 +354,7 @@ class Trainer:
             evaluated = self._evaluate("val") if "val" in self.eval_parts else {}
         sums, self._point_sums = self._point_sums, {}
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        since = {k: v for k, v in derived(means, "train", self.extras.unit).items()
+        since = {k: v for k, v in derived(means, "train", self.extras).items()
                  if not k.startswith("train__")}
         row = self.report.point_row(step=self.step, samples_seen=self._samples_seen(),
                                     scalars=self._step_scalars, since=since,
@@ -397,7 +397,7 @@ class Trainer:
                 total = sums.get(name, (0.0, 0.0))
                 sums[name] = (total[0] + s, total[1] + c)
         means = dd.means(dd.reduce_sum_count(sums, self._metric_device()))
-        return derived(self.learner.end_evaluation(means, part), part, self.extras.unit)
+        return derived(self.learner.end_evaluation(means, part), part, self.extras)
 
     def _end_epoch(self, train_means: dict[str, float],
                    evaluated: dict[str, dict[str, float]], last: bool) -> bool:
@@ -525,7 +525,7 @@ class Trainer:
 
     def _run_record(self) -> dict[str, Any]:
         """What defines this run: the Trainer's own part, the learner's and the caller's."""
-        return resume.as_json({"batch_size": self.config.global_batch_size,
+        return resume.as_json({"batch_size": self.config.batch_size,
                                "seed": self.config.seed, **self.learner.run_record,
                                resume.LAYOUT_KEY: self._layout, **self.config.run_record})
 
