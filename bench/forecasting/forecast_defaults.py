@@ -6,8 +6,9 @@ the ±2σ coverage before and after the variance scale chosen on validation.
 Each row trains the registry's tagi-lstm (learned noise, --hidden 8, --batch-size 16, 10
 epochs, seed 0) on one built-in series with the row's lookback, horizon, calendar features
 and protocol (the whole test part, or rolled daily), as the learning tests in
-tests/unit/forecasting/test_covariates.py do, and scores the test part's forecast as a run reports it.
-Printed: the rows of docs/forecasting.md's calibration table, which
+tests/unit/forecasting/test_covariates.py do, and scores the test part's forecast as a run
+reports it.
+Printed: the rows of docs/tutorials/forecasting.md's calibration table, which
 tests/unit/test_readme_figures.py checks against the result file.
 """
 
@@ -196,7 +197,7 @@ def multi_rows(r: dict) -> list[str]:
 
 
 def table_row(r: dict) -> str:
-    """The row of docs/forecasting.md's calibration table."""
+    """The row of docs/tutorials/forecasting.md's calibration table."""
     protocol = "rolled daily" if r["forecast_every"] else "whole test part"
     features = "" if r["time_features"] == "auto" else ', `--time-features ""`'
     scale = r["variance_scale"]

@@ -143,7 +143,7 @@ def test_tagi_init_from_first_evaluation_equals_the_source(runs):
     assert torch.equal(split.test.x, reference.load_data().test.x)
     ref_mu, ref_var = reference.model(x)
     assert torch.equal(mu, ref_mu) and torch.equal(var, ref_var)
-    # the command line trains on from it (continual learning, docs/finetune_export.md)
+    # the command line trains on from it (continual learning, docs/tutorials/finetune_export.md)
     out = runs / "tagi-ft"
     assert _train(out, "--model", "tagi-mlp", "--hidden", "16", "--epochs", "1",
                   "--init-from", str(source), "--sigma-v", "0.1") == 0

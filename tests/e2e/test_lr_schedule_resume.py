@@ -1,6 +1,6 @@
 """A torch run trained the way the field does (SGD with Nesterov momentum, weight decay without
 norms and biases, linear lr scaling, warmup then cosine, clipping, EMA) is exact after kills
-and the same on any world size (docs/gradient_learner.md, Optimizers and schedules; the
+and the same on any world size (docs/reference/gradient_learner.md, Optimizers and schedules; the
 schedule is a function of the global optimizer step):
 
 - killed during warmup and again during the cosine decay, restarted by the job each time, it

@@ -185,7 +185,7 @@ def test_a_forecasting_run_with_covariates_stands_alone(tmp_path):
     run_dir = _train(tmp_path / "lstm", "--model", "tagi-lstm", "--dataset", f"series:{data}",
                      "--lookback", "8", "--covariates", "temp", "--hidden", "4",
                      "--epochs", "1", "--series-embedding", "2")
-    # an LSTM carries its state from call to call: it is not exported (docs/finetune_export.md)
+    # an LSTM carries its state from call to call: it is not exported (docs/tutorials/finetune_export.md)
     before = _outputs(run_dir, tmp_path / "before", predict_data=f"series:{data}",
                       export=False)
     moved = _moved(run_dir, tmp_path, data)

@@ -429,7 +429,7 @@ def test_fsdp_eval_with_empty_batches_counts_every_sample_once(world):
 
 
 def test_fsdp_ema_equals_one_process_and_resumes_from_its_shards(world):
-    """The EMA of the weights under FSDP (docs/gradient_learner.md, Optimizers and schedules):
+    """The EMA of the weights under FSDP (docs/reference/gradient_learner.md, Optimizers and schedules):
     after two steps it equals one process's on the global batch, its evaluation over the
     ranks too, and a sharded checkpoint restores it bit-identically, the schedule with it."""
     single = _ema_learner(strategy="ddp")

@@ -1,6 +1,6 @@
 """pytagi 0.2.1's own programs (examples, unit tests, tutorial notebooks) run on dptrain.pytagi
 with only their import lines rewritten (rewrite.py), to the end, with tiny epoch counts
-(issue 29; docs/from_pytagi.md).
+(issue 29; docs/tutorials/from_pytagi.md).
 
 The programs are pytagi's (MIT) and not shipped here: they are read from $DPTRAIN_PYTAGI_PROGRAMS
 or from a pytagi-0.2.1 checkout beside the repository's parent, and the tier skips in one line

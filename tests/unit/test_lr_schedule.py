@@ -1,4 +1,4 @@
-"""The learning rate is a function of the global optimizer step (docs/gradient_learner.md,
+"""The learning rate is a function of the global optimizer step (docs/reference/gradient_learner.md,
 Optimizers and schedules): each schedule's trace equals its closed form at chosen steps, and a
 run's schedule is laid over its own length in optimizer steps."""
 

@@ -1,4 +1,4 @@
-"""Optimizers of torch runs (docs/gradient_learner.md, Optimizers and schedules): the weight-decay
+"""Optimizers of torch runs (docs/reference/gradient_learner.md, Optimizers and schedules): the weight-decay
 groups follow torchvision's `set_weight_decay` rule, decay shrinks exactly what it should, LARS
 is the paper's update, label smoothing is torch's, and the EMA is its recursion."""
 

@@ -411,12 +411,12 @@ def test_forecast_figures_are_the_learning_test_s():
 
 
 def test_forecast_calibration_table_is_forecast_defaults_json():
-    """docs/forecasting.md's table of tagi-lstm at its defaults on the built-in series: each
-    row its result in bench/results/forecast_defaults.json; the hourly rows at the default
-    lookback are the learning test's constants."""
+    """docs/tutorials/forecasting.md's table of tagi-lstm at its defaults on the built-in
+    series: each row its result in bench/results/forecast_defaults.json; the hourly rows at the
+    default lookback are the learning test's constants."""
     from tests.unit.forecasting.test_covariates import HOURLY_ND
 
-    page = _expanded(REPO / "docs" / "forecasting.md")
+    page = _expanded(REPO / "docs" / "tutorials" / "forecasting.md")
     for r in _load("forecast_defaults.json")["results"]:
         protocol = "rolled daily" if r["forecast_every"] else "whole test part"
         features = "" if r["time_features"] == "auto" else ', `--time-features ""`'

@@ -17,8 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "dimension, as a torch.export program (.pt2) or an ONNX file, and a "
                     "metadata file FILE.json beside it. TAGI models export their moment "
                     "propagation: output means and variances, and class probabilities by a "
-                    "closed form (docs/finetune_export.md). The export is checked against "
-                    "the live model at batch sizes 1 and 7 (and ONNX Runtime for .onnx).")
+                    "closed form (docs/tutorials/finetune_export.md). The export is checked "
+                    "against the live model at batch sizes 1 and 7 (and ONNX Runtime for "
+                    ".onnx).")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a dptrain train run")
     p.add_argument("--format", choices=FORMATS, default="pt2",
                    help="pt2: a torch.export program; onnx: an ONNX file (default: pt2)")

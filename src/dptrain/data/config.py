@@ -32,7 +32,7 @@ class DataConfig:
     """digits, digits-image, diabetes, toy1d, toy1d-hetero, blobs (3 overlapping classes),
     mnist:DIR, fashion-mnist:DIR,
     cifar10:DIR, imagefolder:DIR (DIR/train/<class>/*.png|jpg, DIR/val/...), csv:PATH,
-    npz:PATH, time series: sine, seasonal, hourly, series:PATH.csv (docs/forecasting.md),
+    npz:PATH, time series: sine, seasonal, hourly, series:PATH.csv (docs/tutorials/forecasting.md),
     token windows for language models: text:PATH (a UTF-8 file, or a folder of *.txt read in
     name order; --tokenizer, --block-size), tokens:DIR (DIR/train.bin, val.bin and optionally
     test.bin of token ids as nanoGPT and llm.c write them, with meta.pkl or meta.json), or
@@ -85,7 +85,7 @@ class DataConfig:
     season: int = 0
     """Time series: the seasonal period m, in time steps, of the seasonal naive baseline and
     the seasonal MASE (0: from the time spacing: a day and a week for hourly values, the best
-    of the two on the validation part; docs/forecasting.md)."""
+    of the two on the validation part; docs/tutorials/forecasting.md)."""
     forecast_every: int = 0
     """Time series: rolling-origin evaluation: forecast K steps from an origin, reveal them,
     move the origin K steps on, until the test part is covered (0: one recursive forecast of

@@ -1,5 +1,5 @@
 """Running an exported file (the exported program, or ONNX Runtime) and checking it against
-the live model (docs/finetune_export.md, Checked when written)."""
+the live model (docs/tutorials/finetune_export.md, Checked when written)."""
 
 from __future__ import annotations
 

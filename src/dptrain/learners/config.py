@@ -62,13 +62,14 @@ class ModelConfig:
     noise) output pair per target) instead of a fixed sigma-v."""
     series_embedding: int = 0
     """tagi-lstm on several time series: width of a learned embedding of each window's series
-    id, which then enters the model with the window's values (0: no id; docs/forecasting.md)."""
+    id, which then enters the model with the window's values (0: no id;
+    docs/tutorials/forecasting.md)."""
     window_scaling: Literal["auto", "on", "off"] = field(default="auto",
                                                          metadata=cli(choices=True))
     """TAGI models on time series: each window in units of its own mean and spread (at least
     0.1 of its series' training spread), the prediction scaled back, so that a series whose
     level or spread changes after its training part still looks like the training windows
-    (docs/forecasting.md, Window scaling): on, off, or auto (on where a series' validation
+    (docs/tutorials/forecasting.md, Window scaling): on, off, or auto (on where a series' validation
     part leaves its training range: its mean over 3 training standard deviations away, or its
     spread over 3 times the training one)."""
 

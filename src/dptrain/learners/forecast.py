@@ -15,7 +15,7 @@ with variance 0: the id is known, never predicted, never fed back. With rolling 
 (`SeriesData.forecast_every` K) a forecast of K steps starts every K steps of the test part,
 each from the values observed before its origin. The seasonal naive forecast of the same
 protocol is the baseline every forecast is reported beside.
-Definitions of the metrics: docs/forecasting.md.
+Definitions of the metrics: docs/tutorials/forecasting.md.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _recursive(predict: PredictMoments, series: SeriesData, starts: list[int], s
         # spread no input of the training data exceeded. Without the bound the variance
         # loops back through the network and its learned noise (exp of a Gaussian, whose
         # mean grows as e^(var/2)) with a gain above 1 once it is past that spread, and
-        # grows geometrically to inf within a lookback (docs/forecasting.md). The output's
+        # grows geometrically to inf within a lookback (docs/tutorials/forecasting.md). The output's
         # own variance is reported as it is.
         context_var = torch.cat([context_var, var.clamp_max(FED_BACK_VARIANCE)], 1)[:, -lookback:]
     shape = (len(starts), num_series, -1)
@@ -321,7 +321,7 @@ def naive_test(series: SeriesData) -> tuple[Forecast, int]:
     """The seasonal naive forecast of the test part and its season m: of the candidate
     seasons (`SeriesData.seasons`), the one whose naive forecast of the validation part (same
     protocol) has the lowest ND; the first when there is no validation part. Test data never
-    chooses (docs/forecasting.md)."""
+    chooses (docs/tutorials/forecasting.md)."""
     seasons = [m for m in series.seasons if m <= series.train_end] or [1]
     season = seasons[0]
     if len(seasons) > 1 and series.val_end > series.train_end:
@@ -334,7 +334,7 @@ def naive_test(series: SeriesData) -> tuple[Forecast, int]:
 # ------------------------------------------------------------------------------ the metrics
 def forecast_metrics(forecast: Forecast, series: SeriesData) -> dict[str, float]:
     """rmse, log_likelihood, coverage_1sigma / 2sigma / 3sigma, nd, p90_loss, mase and
-    mase_seasonal over the observed values of the forecast (docs/forecasting.md)."""
+    mase_seasonal over the observed values of the forecast (docs/tutorials/forecasting.md)."""
     y, m, v = forecast.observed.double(), forecast.mean.double(), forecast.var.double()
     seen = torch.isfinite(y)
     y0 = torch.where(seen, y, 0.0)

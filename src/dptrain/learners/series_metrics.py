@@ -12,7 +12,7 @@ series': scale-free, and balanced over the series. The pooled
 `rmse` beside it weighs each window alike, so one series whose validation values leave its
 training range (a level shift, a meter that wakes up) sets it, and with it the epoch chosen;
 in `series_nrmse` such a series moves the measure of S series by at most 3/S of the typical
-series' RMSE (docs/forecasting.md).
+series' RMSE (docs/tutorials/forecasting.md).
 
 A learner with predictive variances (TAGI) also gives each target's place inside or outside
 its ±2σ interval (`inside`): `series_coverage_2sigma` is the mean over the series of each

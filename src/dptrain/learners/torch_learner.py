@@ -117,7 +117,7 @@ class TorchLearner:
     """The last global batch of an epoch is padded to equal shards: DDP and FSDP average the
     ranks' gradients of their mean losses, which is the global batch's mean only for equal
     shards, every rank must run forward and backward (a rank without a sample has no mean loss),
-    and BatchNorm cannot normalise an empty batch (docs/gradient_learner.md, Another world
+    and BatchNorm cannot normalise an empty batch (docs/reference/gradient_learner.md, Another world
     size)."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor],

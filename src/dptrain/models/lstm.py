@@ -18,7 +18,7 @@ def tagi_lstm(input_shape: tuple[int, ...], num_outputs: int, options: ModelOpti
     With `series_embedding` E, the input is the L values then the series id, (L + 1,): a
     Parallel block sends the values through the LSTMs and the id through
     Embedding(num_series, E), and the head reads both, Linear(hidden·L + E, num_outputs)
-    (docs/forecasting.md, Series embedding, says why there)."""
+    (docs/tutorials/forecasting.md, Series embedding, says why there)."""
     if options.series_embedding:
         return _tagi_lstm_with_embedding(input_shape, num_outputs, options)
     seq_len, features = input_shape[0], (input_shape[1] if len(input_shape) == 2 else 1)
@@ -71,13 +71,13 @@ def check_input(spec: ModelSpec, input_shape: tuple[int, ...]) -> None:
 
 
 # heteroscedastic: the observation noise is learned per input (AGVI), so that forecast
-# intervals are calibrated on data whose noise no one knows (docs/forecasting.md); sigma_v
+# intervals are calibrated on data whose noise no one knows (docs/tutorials/forecasting.md); sigma_v
 # serves the --no-heteroscedastic network. time_features auto: the calendar features the
 # time column gives (none without dates), as forecasters of the DeepAR line add them by
 # default: a lookback cannot see the weekday that shapes hourly load (on `hourly` rolled
 # daily, ND 6 % below the seasonal naive's without them, 19 % with them). lookback 48 (on a
 # series only: model_defaults): two days; over the whole test part of `hourly` its ND is
-# 36-37 % below the naive's for seeds 0-2, a day's 9-29 % (docs/forecasting.md)
+# 36-37 % below the naive's for seeds 0-2, a day's 9-29 % (docs/tutorials/forecasting.md)
 _LSTM_DEFAULTS = {"hidden": 8, "batch_size": 16, "sigma_v": 0.1, "heteroscedastic": True,
                   "time_features": "auto", "lookback": 48}
 FAMILY = Family(

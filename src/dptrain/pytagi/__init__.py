@@ -1,5 +1,5 @@
 """pytagi 0.2.1's Python surface on dptrain's TAGI engine: a pytagi program runs with only its
-imports changed (docs/from_pytagi.md)::
+imports changed (docs/tutorials/from_pytagi.md)::
 
     import dptrain.pytagi as pytagi                 # was: import pytagi
     from dptrain.pytagi.nn import Linear, OutputUpdater, ReLU, Sequential   # was: pytagi.nn

@@ -1,4 +1,4 @@
-"""Mixup and cutmix over the global batch (docs/gradient_learner.md, Optimizers and schedules):
+"""Mixup and cutmix over the global batch (docs/reference/gradient_learner.md, Optimizers and schedules):
 each sample's partner and weight come from (seed, epoch, global position), so the mixed
 batches of 2 ranks, interleaved, are those of 1 process; mixup and cutmix are their formulas."""
 

@@ -314,7 +314,7 @@ def _train(split, config: ModelConfig, epochs: int, seed: int = 0):
 
 HOURLY_ND = {0: (0.090, 0.142), 24: (0.086, 0.106)}
 """(model, seasonal naive) ND on `hourly` at tagi-lstm's defaults, seed 0, by protocol (the
-whole test part, rolled daily), as measured here; the README and docs/forecasting.md quote
+whole test part, rolled daily), as measured here; the README and docs/tutorials/forecasting.md quote
 them (tests/unit/test_readme_figures.py)."""
 ND_ROUNDING = 0.005
 """How far another CPU's float32 rounding may move the model's ND after 10 epochs."""
@@ -332,7 +332,7 @@ def test_the_registry_s_lstm_beats_seasonal_naive_on_hourly_series_at_its_defaul
     rolled daily, and with 85-100 % of the values in its ±2σ interval; without the calendar
     features (--time-features "") its ND is higher, since a lookback of two days cannot see
     the weekday. Measured (seed 0), whole test part / rolled daily: ND 0.090 / 0.086 with
-    (`HOURLY_ND`, quoted by the README and docs/forecasting.md), 0.125 / 0.0995 without,
+    (`HOURLY_ND`, quoted by the README and docs/tutorials/forecasting.md), 0.125 / 0.0995 without,
     naive 0.142 / 0.106; coverage 0.95 / 0.93 with, 0.91 / 0.93 without. (Seeds 1 and 2:
     0.090 and 0.089 / 0.086 and 0.085 with. A lookback of 24 gave 0.104, 0.101 and 0.129
     over the whole test part: not 10 % below the naive forecast on seed 2.)"""

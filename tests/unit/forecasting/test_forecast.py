@@ -291,7 +291,7 @@ def test_a_torch_model_refuses_a_series_with_missing_targets_in_one_line():
 
 @pytest.mark.slow
 def test_the_registry_s_tagi_lstm_forecasts_the_whole_test_part():
-    """The README's forecasting command (and docs/forecasting.md's), shorter: `tagi-lstm` with
+    """The README's forecasting command (and docs/tutorials/forecasting.md's), shorter: `tagi-lstm` with
     its defaults (the noise learned and calendar features, issue 28) on windows of 96 days, 48
     predicted at once, forecasts all 232 test days better than seasonal naive, its ±2σ
     interval calibrated (measured: 97 %)."""

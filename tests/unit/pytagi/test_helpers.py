@@ -1,6 +1,6 @@
 """dptrain.pytagi's numpy versions of pytagi's C++ helpers return what the 0.2.1 wheel returns
 (tests/data/make_pytagi_helper_fixtures.py records it), and its `state_dict` has the wheel's
-format both ways (issue 29; docs/from_pytagi.md)."""
+format both ways (issue 29; docs/tutorials/from_pytagi.md)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
     time_step(["2024-01-01T00:00", "2024-01-01T01:00", ...])   # 3600 (seconds), or None
     season_candidates(times)                                    # (24, 168): a day, a week
 
-Times are labels (docs/forecasting.md): ISO dates and date-times (`2024-01-31`,
+Times are labels (docs/tutorials/forecasting.md): ISO dates and date-times (`2024-01-31`,
 `2024-01-31T13:00`, `2024-01-31 13:00`) have a spacing; numbers and other text do not, and a
 series of them has no season unless `--season` gives one.
 """

@@ -17,7 +17,7 @@ __all__ = ["DDPConfig", "DDPSequential"]
 class DDPSequential:
     """Data-parallel pytagi network: each rank forwards its shard; `step()` applies the mean of
     the ranks' deltas (`average=True`, pytagi's default; dptrain.tagi's wrapper sums by
-    default). Construction is collective (docs/from_pytagi.md)."""
+    default). Construction is collective (docs/tutorials/from_pytagi.md)."""
 
     def __init__(self, model: Sequential, config: DDPConfig, average: bool = True) -> None:
         self.model, self.config = model, config
