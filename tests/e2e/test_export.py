@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,14 @@ def test_a_layer_that_cannot_export_and_a_changed_model_file_are_refused(tmp_pat
     assert "layer 2 (Branchy) cannot be exported to pt2" in err
     assert not (tmp_path / "m.pt2").exists() and not list(tmp_path.glob(".m.*"))
 
+    # the file changed: the run builds from its own copy of it, the layer is the same one
     model.write_text(MODEL_FILE.replace("nn.Linear(8, num_outputs)", "nn.Linear(8, 10)"))
+    code = main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "m.pt2")])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1, err
+    assert "layer 2 (Branchy) cannot be exported to pt2" in err
+    # a run from before model cards has no copy: the changed file is refused
+    shutil.rmtree(tmp_path / "run" / "model")
     code = main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "m.pt2")])
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1, err
