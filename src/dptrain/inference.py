@@ -41,6 +41,8 @@ from dptrain.generation import TagiLanguageModel, generate_text
 from dptrain.learners.build import create_model, model_split
 from dptrain.learners.config import LearnerConfig, ModelConfig
 from dptrain.learners.forecast import Forecast, calibrated_test
+from dptrain.learners.window_scaling import WindowScaling
+from dptrain.learners.window_scaling import choose as choose_window_scaling
 from dptrain.models import DataSpec
 from dptrain.models import card as run_card
 from dptrain.models.user_file import is_model_file, model_file_sha256
@@ -71,8 +73,8 @@ class TrainedRun:
 
     def __init__(self, run_dir: Path, checkpoint: Path, record: dict[str, Any], data: DataSpec,
                  model: Any, kind: str, sigma_v: float, hrc_link: str = "probit",
-                 averaged: bool = False, split: Any = None, notes: tuple[str, ...] = ()
-                 ) -> None:
+                 averaged: bool = False, split: Any = None, notes: tuple[str, ...] = (),
+                 window_scaling: WindowScaling | None = None) -> None:
         self.run_dir, self.checkpoint, self.model, self.kind = run_dir, checkpoint, model, kind
         self.averaged = averaged
         """The weights are the run's EMA (--ema), not the live ones."""
@@ -88,6 +90,8 @@ class TrainedRun:
         self.vocabulary = data.vocabulary
         """Token data only: the run's Vocabulary (vocabulary.json)."""
         self.notes = notes
+        self.window_scaling = window_scaling
+        """A time series run whose windows were scaled by their own mean and spread."""
         """One line each on how the run was loaded: the model file's copy it was built from,
         or that a run from before model cards read its data again."""
         if kind == "tagi" and data.task == "classification":
@@ -185,13 +189,29 @@ class TrainedRun:
                 return torch.softmax(out.float(), dim=1), None
             return self._to_data_units(out.float(), None)
         self.model.eval()
-        mu, var = self.model(x.to(self.model.dtype))
         if self.task == "classification":
-            return self._class_probabilities(mu, var)
+            return self._class_probabilities(*self.model(x.to(self.model.dtype)))
+        return self._to_data_units(*self.regression_moments(x))
+
+    def regression_moments(self, mu_x: torch.Tensor, var_x: torch.Tensor | None = None,
+                           model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A TAGI regression network's predictive mean and total variance (the observation
+        noise, σ_v² or the learned one, included) in the normalised units it was trained in,
+        for inputs with variances `var_x` (a forecast feeding its predictions back) or
+        without; a window-scaled run's windows in their own units and back, as it trained."""
+        model = self.model if model is None else model
+        stats = None
+        if self.window_scaling is not None:
+            stats = self.window_scaling.stats(mu_x)
+            mu_x, var_x = self.window_scaling.inputs(mu_x, var_x, stats)
+        inputs = (mu_x,) if var_x is None else (mu_x, var_x)
+        mu, var = model(*(t.to(model.dtype) for t in inputs))
         if self.model_config.heteroscedastic:
             pred = split_heteros(mu, var)
-            return self._to_data_units(pred.mean, pred.total_var)
-        return self._to_data_units(mu, var + self._sigma_v ** 2)
+            mean, var = pred.mean, pred.total_var
+        else:
+            mean, var = mu, var + self._sigma_v ** 2
+        return (mean, var) if stats is None else WindowScaling.outputs(mean, var, stats)
 
     def generate(self, prompt: str, *, max_new_tokens: int = 200, temperature: float = 1.0,
                  top_k: int | None = None, seed: int = 0,
@@ -225,16 +245,7 @@ class TrainedRun:
                               f"time series (--dataset sine, seasonal, series:PATH.csv); this "
                               f"run is {self.model_config.model} on {self.dataset}")
         self.model.eval()
-
-        def moments(mu_x: torch.Tensor, var_x: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-            mu, var = self.model(mu_x.to(self.model.dtype), var_x.to(self.model.dtype))
-            if self.model_config.heteroscedastic:
-                pred = split_heteros(mu, var)
-                return pred.mean, pred.total_var
-            return mu, var + self._sigma_v ** 2
-
-        return calibrated_test(moments, series)[0]
+        return calibrated_test(self.regression_moments, series)[0]
 
     def _class_probabilities(self, mu: torch.Tensor, var: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,7 +333,21 @@ def load_run(run_dir: str | Path, *, which: str = "best", ema: bool = True) -> T
     model.load_state_dict(weights)
     sigma_v, hrc_link = _decoding(kind, learner, record)
     return TrainedRun(run_dir, found.path, record, data, model, kind, sigma_v, hrc_link,
-                      averaged=bool(averaged), split=split, notes=notes)
+                      averaged=bool(averaged), split=split, notes=notes,
+                      window_scaling=_window_scaling(kind, card, data, split, record))
+
+
+def _window_scaling(kind: str, card: Any, data: DataSpec, split: Any,
+                    record: dict[str, Any]) -> WindowScaling | None:
+    """A TAGI series run's window scaling as it trained: its card says; a run from before
+    cards decides again on its data (a record without the option: off, as it ran)."""
+    if kind != "tagi" or data.series is None:
+        return None
+    if card is not None:
+        on = card.decoding.get("window_scaling", False)
+        return WindowScaling(data.series.lookback, data.series.num_features) if on else None
+    return choose_window_scaling(split.series, record.get("window_scaling", "off"),
+                                 record["dataset"])
 
 
 def _learner_state(found: ckpt.Checkpoint) -> dict[str, Any]:

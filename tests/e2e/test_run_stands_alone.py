@@ -8,7 +8,10 @@ fresh `dptrain` process, which has never imported the model file).
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -182,9 +185,10 @@ def test_a_forecasting_run_with_covariates_stands_alone(tmp_path):
     data = _series(tmp_path / "load.csv")
     copy = tmp_path / "copy.csv"
     shutil.copy(data, copy)
+    # windows scaled by their own level and spread: predict must scale them as training did
     run_dir = _train(tmp_path / "lstm", "--model", "tagi-lstm", "--dataset", f"series:{data}",
                      "--lookback", "8", "--covariates", "temp", "--hidden", "4",
-                     "--epochs", "1", "--series-embedding", "2")
+                     "--epochs", "1", "--series-embedding", "2", "--window-scaling", "on")
     # an LSTM carries its state from call to call: it is not exported (docs/tutorials/finetune_export.md)
     before = _outputs(run_dir, tmp_path / "before", predict_data=f"series:{data}",
                       export=False)
@@ -193,6 +197,12 @@ def test_a_forecasting_run_with_covariates_stands_alone(tmp_path):
     _same(before, after)
     assert after["table"].startswith("series,time,origin,observed,mean,var\n")
     card = json.loads((moved / "model" / "card.json").read_text())
+    rows = list(csv.DictReader(io.StringIO(after["table"])))
+    rmse = math.sqrt(sum((float(r["mean"]) - float(r["observed"])) ** 2 for r in rows)
+                     / len(rows))
+    summary = json.loads((moved / "summary.json").read_text())
+    assert rmse == pytest.approx(summary["forecast_rmse"], rel=1e-5)  # what the run reported
+    assert card["decoding"]["window_scaling"] is True
     # the covariate column, then the calendar features tagi-lstm adds by default
     assert card["data"]["series"]["covariate_names"][:2] == ["temp", "weekday0"]
     assert card["data"]["series"]["names"] == ["north", "south"]

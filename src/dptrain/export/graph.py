@@ -53,10 +53,7 @@ class RunGraph(nn.Module):
         mu, var = net(x.to(net.dtype))
         if run.task == "classification":
             return run.hrc.probabilities(mu, var), mu, var
-        if run.model_config.heteroscedastic:
-            pred = split_heteros(mu, var)
-            return run._to_data_units(pred.mean, pred.total_var)
-        return run._to_data_units(mu, var + run._sigma_v ** 2)
+        return run._to_data_units(*run.regression_moments(x, model=net))
 
 
 def output_names(run: TrainedRun) -> tuple[str, ...]:

@@ -158,15 +158,18 @@ def mixing(options: TrainOptions, split: Split) -> Mixing | None:
                   seed=options.seed)
 
 
-def write_model_card(options: TrainOptions, split: Split) -> None:
+def write_model_card(options: TrainOptions, split: Split, window_scaled: bool) -> None:
     """Rank 0, before the first step: what rebuilds the model from the run alone
-    (`dptrain.models.card`); a resumed run keeps the card it began with."""
+    (`dptrain.models.card`), with how it decodes: σ_v, the class-probability link, and
+    whether a series' windows are scaled by their own mean and spread (chosen on the data
+    when training starts); a resumed run keeps the card it began with."""
     if get_rank() != 0:
         return
     learner = options.part(LearnerConfig)
     run_card.write(options.out, model=options.model, config=asdict(options.part(ModelConfig)),
                    seed=options.seed, split=split,
-                   decoding={"sigma_v": learner.sigma_v, "hrc_link": learner.hrc_link})
+                   decoding={"sigma_v": learner.sigma_v, "hrc_link": learner.hrc_link,
+                             "window_scaling": window_scaled})
 
 
 def run_length(fit: FitOptions) -> RunLength:
@@ -305,7 +308,7 @@ def run_job(options: TrainOptions, runtime: Runtime) -> dict[str, Any]:
         params = sum(p.numel() for p in model.parameters())
         rank_zero_print(f"model: {params / 1e6:.2f} M parameters, {counted[0] / 1e6:.2f} MFLOP "
                         f"per token to train (forward and backward)")
-    write_model_card(options, split)
+    write_model_card(options, split, getattr(learner, "window_scaling", None) is not None)
     summary = Trainer(learner, split, config, runtime,
                       extras=metric_extras(options, split)).fit()
     if summary.get("failed_after_training"):  # the run is whole; what came after it is not
