@@ -10,7 +10,7 @@ from torch import nn
 
 from dptrain.errors import ExportError
 from dptrain.inference import TrainedRun
-from dptrain.tagi import base, lstm, split_heteros
+from dptrain.tagi import base, lstm
 
 
 LOGITS = ("logits",)
