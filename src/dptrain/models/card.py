@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from dptrain.data import Split
+from dptrain.data.datasets.base import Skipped
 from dptrain.data.datasets.vocabulary import FILE_NAME as VOCABULARY_FILE
-from dptrain.errors import CheckpointError
+from dptrain.errors import CheckpointError, DataError
 from dptrain.models.data_spec import DataSpec
 from dptrain.models.registry import get_model
 from dptrain.models.user_file import is_model_file, model_file_sha256
@@ -159,14 +160,37 @@ def raw_examples(split: Split) -> torch.Tensor:
     """The first inputs of the test part (a text without one: of its validation part) in the
     data's own units, as many as `MAX_EXAMPLES` and `EXAMPLES_BYTES` allow."""
     dataset = split.test if split.test is not None and len(split.test) else split.validation
-    first = torch.as_tensor(dataset[0][0])
-    per_sample = max(1, first.numel() * first.element_size())
-    count = min(len(dataset), MAX_EXAMPLES, max(8, EXAMPLES_BYTES // per_sample))
     if hasattr(dataset, "x"):  # arrays: their raw values where they keep them
+        count = _count(dataset.x[0], len(dataset))
         raw = getattr(dataset, "raw", None)
         if raw is not None:
             return raw[:count].clone()
         x = dataset.x[:count]
         return (x if split.x_norm is None else split.x_norm.invert(x)).clone()
-    x = torch.stack([torch.as_tensor(dataset[i][0]) for i in range(count)])
+    kept = _readable(dataset)
+    x = torch.stack(kept)
     return x if split.x_norm is None or not x.is_floating_point() else split.x_norm.invert(x)
+
+
+def _count(sample: torch.Tensor, available: int) -> int:
+    per_sample = max(1, sample.numel() * sample.element_size())
+    return min(available, MAX_EXAMPLES, max(8, EXAMPLES_BYTES // per_sample))
+
+
+def _readable(dataset: Any) -> list[torch.Tensor]:
+    """The inputs of the first samples a lazily read dataset can give: a file it cannot read
+    is left out here, and met, and reported, by the run itself."""
+    kept: list[torch.Tensor] = []
+    for i in range(len(dataset)):
+        try:
+            item = dataset[i]
+        except DataError:
+            continue
+        if isinstance(item, Skipped):
+            continue
+        kept.append(torch.as_tensor(item[0]))
+        if len(kept) >= _count(kept[0], len(dataset)):
+            break
+    if not kept:
+        raise DataError("the test part: none of its samples can be read")
+    return kept
