@@ -12,6 +12,8 @@ them, and knows nothing about training. `dptrain.cli` parses the flags and calls
 - `quiet`: torch's elastic loggers and C++ warnings kept quiet in the agent's process
 - `rendezvous`: torchrun's rendezvous options and settings, and the network interface
 - `c10d_rendezvous`: waiting for the node that serves a rendezvous, and its loss in one line
+- `c10d_store`: the c10d rendezvous store, served by the first agent on its machine, joined by
+  the others (a second agent on that machine too)
 - `etcd_rendezvous`: the dynamic rendezvous kept in an etcd cluster (`--rdzv-backend etcd`)
 - `job_end`: an elastic job's end, recorded in its run directory for a node that comes later
 - `worker_env`: what the agent passes on to its workers through their environment (threads)

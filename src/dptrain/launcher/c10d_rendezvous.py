@@ -13,6 +13,7 @@ from pathlib import Path
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousConnectionError
 
 from dptrain.launcher import job_end
+from dptrain.launcher.c10d_store import StoreUnreachable
 from dptrain.runtime.netif import wait_for_listener
 
 STORE_TIMEOUT_S = 60
@@ -46,8 +47,8 @@ def rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
     """One line for a rendezvous that closed or failed under this node (torch's own is a
     traceback): the job's end record when there is one (the job ended: 0 if it succeeded);
     under c10d, a store that no longer answers as the loss of the host the endpoint names,
-    with the backend that survives it; else what torch said. torch's agent has stopped any
-    workers it had started."""
+    with the backend that survives it, and one never reached (`StoreUnreachable`) as such;
+    else what torch said. torch's agent has stopped any workers it had started."""
     status = job_end.report(command, end_record)
     if status is not None:
         return status
@@ -58,6 +59,9 @@ def rendezvous_failed(err: Exception, command: str, rdzv_endpoint: str | None,
     cause = err.__cause__  # torch wraps the store's own error, which says more
     because = f" ({type(cause).__name__}: {str(cause).splitlines()[0]})" \
         if cause is not None and str(cause) else ""
+    if isinstance(err, StoreUnreachable):  # nothing was lost: it never answered
+        print(f"dptrain {command}: {err}{because}", file=sys.stderr)
+        return 1
     if backend == "c10d" and isinstance(err, RendezvousConnectionError):
         # The c10d store lives in the agent of the node the endpoint names: with no end
         # record, that node is gone, and every other node's job with it.

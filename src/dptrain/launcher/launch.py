@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.run import get_args_parser, run
 
-from dptrain.launcher import etcd_rendezvous
+from dptrain.launcher import c10d_store, etcd_rendezvous
 from dptrain.launcher.agent import JobStopped, using_agent
 from dptrain.launcher.c10d_rendezvous import STORE_TIMEOUT_S, rendezvous_failed, wait_for_host
 from dptrain.launcher.failures import job_failure
@@ -44,7 +44,10 @@ def launch(argv: list[str], nproc: int, command: str = "run", *,
                                int(conf.get("read_timeout", STORE_TIMEOUT_S)), end_record)
         if status is not None:
             return status
-    return _run_agent(argv, command, end_record, rdzv_endpoint, rdzv_backend)
+    # A c10d store whose port is taken on this machine is joined (another agent of the job
+    # there serves it), not the end of this node (dptrain.launcher.c10d_store).
+    return _run_agent(c10d_store.with_handler(argv), command, end_record, rdzv_endpoint,
+                      rdzv_backend)
 
 
 def _with_node_options(argv: list[str], rdzv_endpoint: str | None, max_nodes: int,

@@ -33,6 +33,8 @@ def quiet_elastic_logs() -> Iterator[None]:
 
 CPP_ERROR_LEVEL = 2
 """c10's log level for errors (0 info, 1 warning, 2 error, 3 fatal)."""
+CPP_FATAL_LEVEL = 3
+"""c10's log level that leaves its errors out too."""
 
 
 def _c10_log_level() -> ctypes.c_int | None:
@@ -47,17 +49,19 @@ def _c10_log_level() -> ctypes.c_int | None:
 
 
 @contextlib.contextmanager
-def quiet_cpp_warnings() -> Iterator[None]:
+def quiet_cpp_warnings(level: int = CPP_ERROR_LEVEL) -> Iterator[None]:
     """torch's C++ warnings off in the agent's process, unless the user asked for logs
     (LOGLEVEL, TORCH_CPP_LOG_LEVEL). Its c10d store client logs each failed request with a
     C++ stack trace, several when the rendezvous host is lost, which the launcher reports in
     one line. torch reads TORCH_CPP_LOG_LEVEL once, when it loads: the flag it sets is
-    changed in place. The workers are processes of their own and keep their warnings."""
+    changed in place. The workers are processes of their own and keep their warnings.
+    `level`: the lowest level still logged; CPP_FATAL_LEVEL leaves the errors out too, for a
+    request whose failure the launcher reports in one line (dptrain.launcher.c10d_store)."""
     flag = None if {"LOGLEVEL", "TORCH_CPP_LOG_LEVEL"} & os.environ.keys() else _c10_log_level()
-    if flag is None or flag.value >= CPP_ERROR_LEVEL:
+    if flag is None or flag.value >= level:
         yield
         return
-    before, flag.value = flag.value, CPP_ERROR_LEVEL
+    before, flag.value = flag.value, level
     try:
         yield
     finally:
