@@ -23,12 +23,12 @@ import re
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests._listeners import accepts_nothing, answers_http
 from tests._cli import REPO, base_env, dptrain_cmd, run
 from tests._world import free_port
 
@@ -229,26 +229,8 @@ def test_a_second_agent_on_the_rendezvous_host_joins_the_job_and_rejoins_after_a
     assert summary["world_size"] == 2 and summary["final_epoch"] == 3, summary
 
 
-def _silent(listener: socket.socket) -> None:
-    """Accepts nothing: connections wait in the backlog."""
-
-
-def _answers_http(listener: socket.socket) -> None:
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed at the end of the test
-                return
-            with conn:
-                conn.recv(1024)
-                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-
-    threading.Thread(target=serve, daemon=True).start()
-
-
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("listener", [_silent, _answers_http], ids=["silent", "http"])
+@pytest.mark.parametrize("listener", [accepts_nothing, answers_http], ids=["silent", "http"])
 def test_a_rendezvous_port_held_by_another_listener_is_one_line_naming_it(listener, tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

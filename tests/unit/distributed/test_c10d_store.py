@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 
@@ -22,6 +21,7 @@ from dptrain.errors import ConfigError
 from dptrain.launcher import c10d_store
 from dptrain.launcher.c10d_rendezvous import rendezvous_failed
 from dptrain.launcher.c10d_store import C10D_HANDLER, StoreUnreachable, open_store, with_handler
+from tests._listeners import accepts_nothing, answers_http
 
 STORE_SERVER = """
 import time
@@ -96,32 +96,14 @@ def test_a_store_that_greets_otherwise_is_still_joined_through_torch_s_client(mo
             server.kill()
 
 
-def _accepts_nothing(listener: socket.socket) -> None:
-    """Connections wait in the backlog: torch's client alone would wait for an answer forever."""
-
-
-def _answers_http(listener: socket.socket) -> None:
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed at the end of the test
-                return
-            with conn:
-                conn.recv(1024)
-                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-
-    threading.Thread(target=serve, daemon=True).start()
-
-
 def _bound_only(listener: socket.socket) -> None:
     """Holds the port without listening: connections are refused."""
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("listener", "is_host"), [
-    (_accepts_nothing, "1"), (_answers_http, "1"), (_bound_only, "1"),
-    (_accepts_nothing, "0"),  # on another machine (a port nothing listens on: not up yet)
+    (accepts_nothing, "1"), (answers_http, "1"), (_bound_only, "1"),
+    (accepts_nothing, "0"),  # on another machine (a port nothing listens on: not up yet)
 ], ids=["silent", "http", "bound-only", "silent-remote"])
 def test_a_port_held_by_a_listener_that_is_no_store_is_a_config_error_naming_it(
         listener, is_host, monkeypatch):
